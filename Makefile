@@ -1,0 +1,79 @@
+# glm-operator developer entry points. `make help` lists them.
+# Everything installs itself: a Python venv in .venv, the Go-built control plane and
+# llama-server cached under ~/.cache/glm-operator/<component>-<version>/.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,lint]'
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create .venv with the package and its test and lint dependencies
+
+.PHONY: deps
+deps: venv ## Install system packages the tests need (Debian; skipped when present)
+	@bash scripts/install-system-deps.sh
+
+.PHONY: toolchain
+toolchain: venv ## Build and cache kube-apiserver & co, etcd, kwok, helm, the real CRDs and llama-server
+	$(PY) -m e2e.toolchain build kubernetes etcd kwok helm istio prometheus_operator argocd llama_cpp_python
+
+.PHONY: cluster-up
+cluster-up: toolchain ## Start the local control plane with fake GPU/NPU nodes (kubeconfig: .e2e/kubeconfig)
+	$(PY) -m e2e.cluster up
+
+.PHONY: cluster-down
+cluster-down: venv ## Stop the local control plane and remove its state
+	$(PY) -m e2e.cluster down
+
+.PHONY: cluster-status
+cluster-status: venv ## Show whether the local control plane is up
+	$(PY) -m e2e.cluster status
+
+.PHONY: demo
+demo: deps toolchain ## Bring up the local cluster and show the operator doing its job
+	$(PY) -m e2e.demo
+
+.PHONY: test
+test: deps toolchain ## Run every test: unit, then e2e on the local control plane (CI runs this)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## Run the unit tests only (no cluster, no llama-server)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+.PHONY: test-e2e
+test-e2e: deps toolchain ## Run the e2e tests only
+	$(PY) -m pytest e2e $(PYTEST_ARGS)
+
+.PHONY: lint
+lint: venv ## ruff and mypy --strict on the package
+	$(VENV)/bin/ruff check operator tests e2e bench
+	$(VENV)/bin/mypy
+
+.PHONY: crds
+crds: venv ## Regenerate crds/, the chart's CRDs and docs/api.md from the API types
+	$(VENV)/bin/glm-operator crds
+
+.PHONY: bench
+bench: toolchain ## Run the benchmarks under bench/ (figures go to docs/performance.md)
+	$(PY) -m pytest bench -m bench -s $(PYTEST_ARGS)
+
+.PHONY: clean
+clean: ## Remove the venv and local state (the toolchain cache stays)
+	-$(PY) -m e2e.cluster down
+	rm -rf $(VENV) .e2e .pytest_cache .mypy_cache .ruff_cache

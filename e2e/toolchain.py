@@ -1,0 +1,331 @@
+"""Build and cache the real third-party parts of the local test environment.
+
+Nothing here downloads a binary from a web site: every component is built from a package
+registry (the Go module proxy, PyPI) and cached under a versioned directory, so a second run
+builds nothing:
+
+    ~/.cache/glm-operator/<component>-<version>/bin/...      (override: GLM_OPERATOR_CACHE)
+
+    python -m e2e.toolchain build [component ...]   build what is missing (all by default)
+    python -m e2e.toolchain path <component>        print the cached bin directory
+    python -m e2e.toolchain list                    show what is cached
+
+Versions come from e2e/versions.toml, the only place they are pinned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+E2E_DIR = Path(__file__).resolve().parent
+VERSIONS_FILE = E2E_DIR / "versions.toml"
+COMPLETE_MARKER = ".complete"
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message names the component and version."""
+
+
+def versions() -> dict[str, str]:
+    with VERSIONS_FILE.open("rb") as handle:
+        data = tomllib.load(handle)
+    return {name: str(table["version"]) for name, table in data.items()}
+
+
+def cache_root() -> Path:
+    configured = os.environ.get("GLM_OPERATOR_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "glm-operator"
+
+
+def component_dir(name: str) -> Path:
+    return cache_root() / f"{name}-{versions()[name]}"
+
+
+def bin_dir(name: str) -> Path:
+    return component_dir(name) / "bin"
+
+
+def is_cached(name: str) -> bool:
+    return (component_dir(name) / COMPLETE_MARKER).exists()
+
+
+def log(message: str) -> None:
+    print(f"[toolchain] {message}", file=sys.stderr, flush=True)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("CGO_ENABLED", "0")
+    env["GOFLAGS"] = "-mod=mod"
+    env.setdefault("GOTOOLCHAIN", "local")
+    return env
+
+
+def _run(cmd: Sequence[str], cwd: Path, component: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        list(cmd), cwd=cwd, env=env or _go_env(), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise BuildError(
+            f"{component}: `{' '.join(cmd)}` failed (exit {result.returncode}):\n"
+            f"{result.stderr[-4000:]}"
+        )
+    return result.stdout
+
+
+def _go_build_with_progress(
+    component: str,
+    module_dir: Path,
+    packages: Sequence[str],
+    out_dir: Path,
+    ldflags: str = "",
+    tags: str = "",
+) -> None:
+    """`go build -v`, reporting how many of the dependency packages are compiled so far."""
+    env = _go_env()
+    total_text = _run(["go", "list", "-deps", *packages], module_dir, component, env)
+    total = max(1, len(total_text.split()))
+    cmd = ["go", "build", "-v", "-trimpath", "-o", str(out_dir) + "/"]
+    if tags:
+        cmd += ["-tags", tags]
+    if ldflags:
+        cmd += ["-ldflags", ldflags]
+    cmd += list(packages)
+    log(f"{component}: compiling up to {total} packages (go build -v)")
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=module_dir, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+    )
+    assert proc.stderr is not None
+    done, last_report, tail = 0, 0.0, []
+    for line in proc.stderr:
+        done += 1
+        tail = (tail + [line])[-60:]
+        now = time.monotonic()
+        if now - last_report > 20:
+            last_report = now
+            log(f"{component}: {done}/{total} packages, {int(now - started)}s")
+    if proc.wait() != 0:
+        raise BuildError(f"{component}: go build failed:\n{''.join(tail)}")
+    log(f"{component}: built in {int(time.monotonic() - started)}s")
+
+
+def _write_module(directory: Path, module: str, go_mod_body: str, files: dict[str, str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "go.mod").write_text(f"module {module}\n\n{go_mod_body}\n")
+    for name, body in files.items():
+        (directory / name).write_text(body)
+
+
+def _module_info(component: str, module_at_version: str, workdir: Path) -> dict[str, str]:
+    out = _run(["go", "mod", "download", "-json", module_at_version], workdir, component)
+    info: dict[str, str] = json.loads(out)
+    if info.get("Error"):
+        raise BuildError(f"{component}: cannot download {module_at_version}: {info['Error']}")
+    return info
+
+
+# --- components -------------------------------------------------------------------------
+
+
+def build_kubernetes(version: str, out: Path, work: Path) -> None:
+    """kube-apiserver, -controller-manager, -scheduler and kubectl from k8s.io/kubernetes.
+
+    `go install k8s.io/kubernetes/...@v` is refused because k/k's go.mod replaces its staging
+    modules with local paths; a wrapper module replaces each with its published v0.x version.
+    """
+    name = "kubernetes"
+    info = _module_info(name, f"k8s.io/kubernetes@{version}", work)
+    go_mod = Path(info["GoMod"]).read_text()
+    staging = sorted(
+        line.split("=>")[0].strip()
+        for line in go_mod.splitlines()
+        if "=> ./staging/src/" in line
+    )
+    godebug = next((ln for ln in go_mod.splitlines() if ln.startswith("godebug ")), "")
+    go_line = next(ln for ln in go_mod.splitlines() if ln.startswith("go "))
+    staging_version = "v0." + version.removeprefix("v1.")
+    replaces = "\n".join(f"\t{mod} => {mod} {staging_version}" for mod in staging)
+    body = f"{go_line}\n\n{godebug}\n\nrequire k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n"
+    module_dir = work / "k8s-wrapper"
+    _write_module(module_dir, "glm-operator.dev/e2e/k8s", body, {"doc.go": "package k8s\n"})
+    major, minor = version.removeprefix("v").split(".")[:2]
+    stamp = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "buildDate": "1970-01-01T00:00:00Z",
+    }
+    ldflags = " ".join(
+        f"-X {pkg}.{key}={value}"
+        for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+        for key, value in stamp.items()
+    )
+    packages = [
+        f"k8s.io/kubernetes/cmd/{cmd}"
+        for cmd in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+    ]
+    _go_build_with_progress(name, module_dir, packages, out, "-s -w " + ldflags, "selinux,notest")
+
+
+def build_etcd(version: str, out: Path, work: Path) -> None:
+    module_dir = work / "etcd-wrapper"
+    main = (
+        "package main\n\nimport (\n\t\"os\"\n\n\t\"go.etcd.io/etcd/server/v3/etcdmain\"\n)\n\n"
+        "func main() { etcdmain.Main(os.Args) }\n"
+    )
+    _write_module(
+        module_dir, "etcd", f"go 1.24\n\nrequire go.etcd.io/etcd/server/v3 {version}\n", {"main.go": main}
+    )
+    _go_build_with_progress("etcd", module_dir, ["."], out, "-s -w")
+
+
+def build_kwok(version: str, out: Path, work: Path) -> None:
+    module_dir = work / "kwok-wrapper"
+    _write_module(
+        module_dir, "glm-operator.dev/e2e/kwok", f"go 1.24\n\nrequire sigs.k8s.io/kwok {version}\n",
+        {"doc.go": "package kwok\n"},
+    )
+    ldflags = f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version}"
+    _go_build_with_progress(
+        "kwok", module_dir, ["sigs.k8s.io/kwok/cmd/kwok", "sigs.k8s.io/kwok/cmd/kwokctl"], out, ldflags
+    )
+
+
+def build_helm(version: str, out: Path, work: Path) -> None:
+    module_dir = work / "helm-wrapper"
+    _write_module(
+        module_dir, "glm-operator.dev/e2e/helm", f"go 1.24\n\nrequire helm.sh/helm/v3 {version}\n",
+        {"doc.go": "package helm\n"},
+    )
+    ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={version}"
+    _go_build_with_progress("helm", module_dir, ["helm.sh/helm/v3/cmd/helm"], out, ldflags)
+
+
+def _fetch_module_files(component: str, module: str, files: dict[str, str], out: Path, work: Path) -> None:
+    info = _module_info(component, module, work)
+    source = Path(info["Dir"])
+    for relative, target in files.items():
+        shutil.copyfile(source / relative, out / target)
+
+
+def fetch_istio(version: str, out: Path, work: Path) -> None:
+    _fetch_module_files(
+        "istio", f"istio.io/api@{version}",
+        {"kubernetes/customresourcedefinitions.gen.yaml": "istio-crds.yaml"}, out, work,
+    )
+
+
+def fetch_prometheus_operator(version: str, out: Path, work: Path) -> None:
+    _fetch_module_files(
+        "prometheus_operator", f"github.com/prometheus-operator/prometheus-operator@{version}",
+        {
+            "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml":
+                "servicemonitors.yaml",
+        },
+        out, work,
+    )
+
+
+def fetch_argocd(version: str, out: Path, work: Path) -> None:
+    _fetch_module_files(
+        "argocd", f"github.com/argoproj/argo-cd/v3@{version}",
+        {"manifests/crds/application-crd.yaml": "application-crd.yaml"}, out, work,
+    )
+
+
+def build_llama_server(version: str, out: Path, work: Path) -> None:
+    """llama-server (CPU) from the llama.cpp tree vendored in the llama-cpp-python sdist.
+
+    The cmake flags are the ones runtime-images/llamacpp-cpu/Dockerfile uses.
+    """
+    from e2e.llama_build import build_llama_server as build
+
+    build(version, out, work)
+
+
+BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
+    "kubernetes": build_kubernetes,
+    "etcd": build_etcd,
+    "kwok": build_kwok,
+    "helm": build_helm,
+    "istio": fetch_istio,
+    "prometheus_operator": fetch_prometheus_operator,
+    "argocd": fetch_argocd,
+    "llama_cpp_python": build_llama_server,
+}
+
+# What the control plane needs; llama-server is built by the data-plane tests' own fixture.
+CONTROL_PLANE = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd"]
+
+
+def ensure(name: str) -> Path:
+    """Build `name` unless it is cached; return its bin directory."""
+    if is_cached(name):
+        return bin_dir(name)
+    version = versions()[name]
+    target = component_dir(name)
+    log(f"building {name} {version} into {target}")
+    started = time.monotonic()
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    with tempfile.TemporaryDirectory(prefix=f"glm-build-{name}-") as work:
+        try:
+            BUILDERS[name](version, staging / "bin", Path(work))
+        except BuildError:
+            raise
+        except Exception as exc:  # a builder bug still names the component
+            raise BuildError(f"{name} {version}: {exc}") from exc
+    (staging / COMPLETE_MARKER).write_text(f"{version} built in {int(time.monotonic() - started)}s\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    log(f"{name} {version} ready ({int(time.monotonic() - started)}s)")
+    return target / "bin"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.toolchain", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build what is missing")
+    build.add_argument("components", nargs="*", help=f"any of: {', '.join(BUILDERS)}")
+    path = sub.add_parser("path", help="print a component's bin directory")
+    path.add_argument("component", choices=list(BUILDERS))
+    sub.add_parser("list", help="show what is cached")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        unknown = sorted(set(args.components) - set(BUILDERS))
+        if unknown:
+            parser.error(f"unknown component(s) {unknown}; choose from {sorted(BUILDERS)}")
+        try:
+            for name in args.components or CONTROL_PLANE:
+                ensure(name)
+        except BuildError as exc:
+            log(f"BUILD FAILED: {exc}")
+            return 1
+        return 0
+    if args.command == "path":
+        print(bin_dir(args.component))
+        return 0
+    for name, version in versions().items():
+        state = "cached" if is_cached(name) else "missing"
+        print(f"{name:22} {version:10} {state:8} {component_dir(name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

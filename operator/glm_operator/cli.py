@@ -1,0 +1,46 @@
+"""The `glm-operator` command.
+
+Each subcommand lives next to the code it drives and exposes two functions:
+`add_arguments(parser)` and `run(args) -> int`. They are imported only when chosen, so
+`glm-operator plan` never imports kopf and the gateway never imports the planner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from glm_operator import __version__
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("glm_operator.controllers.cli", "run the operator (kopf) against the current cluster"),
+    "render": ("glm_operator.render.cli", "print the manifests for a GLMService, offline"),
+    "plan": ("glm_operator.planning.cli", "print the capacity plan for a GLMService, offline"),
+    "crds": ("glm_operator.api.cli", "regenerate the CRD YAML and API reference from the types"),
+    "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),
+    "gateway": ("glm_operator.gateway.cli", "run the OpenAI-compatible gateway sidecar"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="glm-operator", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"glm-operator {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((a for a in args_list if a in SUBCOMMANDS), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
+    args = parser.parse_args(args_list)
+    result: int = args._run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
