@@ -215,6 +215,16 @@ def build_helm(version: str, out: Path, work: Path) -> None:
     _go_build_with_progress("helm", module_dir, ["helm.sh/helm/v3/cmd/helm"], out, ldflags)
 
 
+def build_minio(version: str, out: Path, work: Path) -> None:
+    """The MinIO server binary (`minio`) from github.com/minio/minio (its main package is the root)."""
+    module_dir = work / "minio-wrapper"
+    _write_module(
+        module_dir, "glm-operator.dev/e2e/minio",
+        f"go 1.24\n\nrequire github.com/minio/minio {version}\n", {"doc.go": "package minio\n"},
+    )
+    _go_build_with_progress("minio", module_dir, ["github.com/minio/minio"], out, "-s -w")
+
+
 def _fetch_module_files(component: str, module: str, files: dict[str, str], out: Path, work: Path) -> None:
     info = _module_info(component, module, work)
     source = Path(info["Dir"])
@@ -266,6 +276,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
     "llama_cpp_python": build_llama_server,
+    "minio": build_minio,
 }
 
 # What the control plane needs; llama-server is built by the data-plane tests' own fixture.
