@@ -1,0 +1,55 @@
+"""Object names and labels shared by every child of a GLMService.
+
+Names are DNS-1123 labels of at most 63 characters: when the natural name is longer, it is
+cut and a short hash of the full name is appended, so two long names never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+MAX_NAME = 63
+LABEL_PREFIX = "glm-operator.dev"
+SERVICE_LABEL = f"{LABEL_PREFIX}/service"
+VERSION_LABEL = f"{LABEL_PREFIX}/version"
+POOL_LABEL = f"{LABEL_PREFIX}/pool"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY = "glm-operator"
+
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_name(*parts: str, limit: int = MAX_NAME) -> str:
+    """Join parts into a valid name, hashing the tail when it would exceed `limit`."""
+    full = _INVALID.sub("-", "-".join(p for p in parts if p).lower()).strip("-")
+    if len(full) <= limit:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return f"{full[: limit - 9].rstrip('-')}-{digest}"
+
+
+def label_value(value: str) -> str:
+    """Label values are also capped at 63 characters."""
+    return dns_name(value) if len(value) > MAX_NAME else value
+
+
+def common_labels(service: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "glm-operator-model",
+        "app.kubernetes.io/instance": label_value(service),
+        COMPONENT_LABEL: component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        SERVICE_LABEL: label_value(service),
+    }
+
+
+def pool_selector(service: str, version: str, pool: str) -> dict[str, str]:
+    """The selector of one pool's pods: always service and version, so two services never mix."""
+    return {SERVICE_LABEL: label_value(service), VERSION_LABEL: label_value(version),
+            POOL_LABEL: pool}
+
+
+def owned_selector(service: str) -> str:
+    """Label selector (string form) for every child of one GLMService."""
+    return f"{SERVICE_LABEL}={label_value(service)},app.kubernetes.io/managed-by={MANAGED_BY}"
