@@ -1,0 +1,92 @@
+"""Building blocks shared by every API type: model bases, Kubernetes scalar types, metadata.
+
+The pydantic models in this package are the single source of truth for the CRDs
+(`glm_operator.api.crdgen` turns them into structural OpenAPI schemas). That is why
+cross-field rules are written twice, once as a pydantic validator and once as CEL in
+`x-kubernetes-validations` next to it: the API server enforces the CEL, offline tools
+(`glm-operator render`, the unit tests over examples/) enforce the validator.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "serving.glm-operator.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Label prefixes the operator owns; users cannot set them through overrides.
+RESERVED_LABEL_PREFIXES: tuple[str, ...] = ("glm-operator.dev/", "app.kubernetes.io/")
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Go time.Duration subset we accept for intervals: "30s", "2m", "1h30m".
+DURATION_PATTERN = r"^([0-9]+(ms|s|m|h))+$"
+
+_CAMEL = ConfigDict(
+    alias_generator=to_camel,
+    populate_by_name=True,
+    protected_namespaces=(),
+    # Enum fields serialise as their plain string values.
+    use_enum_values=True,
+    validate_default=True,
+)
+
+
+class SpecModel(BaseModel):
+    """Base of every spec type: camelCase wire names, unknown fields refused.
+
+    Refusing unknown fields mirrors `kubectl apply --validate=strict`: a typo such as
+    `contextLenght` is an error, not a silently dropped setting.
+    """
+
+    model_config = ConfigDict(**_CAMEL, extra="forbid")
+
+
+class StatusModel(BaseModel):
+    """Base of every status type: camelCase wire names, unknown fields ignored.
+
+    Status is written by the operator; a newer operator may add fields an older reader
+    does not know, which must not break it.
+    """
+
+    model_config = ConfigDict(**_CAMEL, extra="ignore")
+
+
+# A Kubernetes quantity ("24Gi", "500m", 4). The CRD schema says int-or-string.
+Quantity = Annotated[
+    str | int,
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+    Field(union_mode="left_to_right"),
+]
+
+# An object whose fields Kubernetes defines (affinity, ...): passed through unvalidated.
+FreeFormObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+StringMap = Annotated[
+    dict[str, Annotated[str, Field(max_length=4096)]],
+    Field(json_schema_extra={"maxProperties": 64}),
+]
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metav1.ObjectMeta the operator reads; everything else is kept as is."""
+
+    model_config = ConfigDict(**_CAMEL, extra="allow")
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)

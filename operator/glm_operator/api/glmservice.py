@@ -1,0 +1,755 @@
+"""GLMService (short name `glms`): one served model endpoint.
+
+`spec.modelVersion` names the ModelVersion the user wants live; `status.stableModelVersion`
+is the one serving now. When they differ the operator moves traffic to the new version
+by `spec.rollout`. Everything the user does not choose (GPU layers, slots, KV cache type,
+memory requests...) is planned and reported in `status.plan`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from glm_operator.api.base import (
+    RESERVED_LABEL_PREFIXES,
+    Duration,
+    FreeFormObject,
+    ObjectMeta,
+    ObjectName,
+    Quantity,
+    SecretName,
+    SpecModel,
+    StatusModel,
+    StringMap,
+)
+from glm_operator.api.conditions import MAX_CONDITIONS, Condition
+
+MIN_CONTEXT_LENGTH = 512
+MAX_CONTEXT_LENGTH = 1_048_576
+DEFAULT_CONTEXT_LENGTH = 8192
+DEFAULT_CONCURRENCY = 4
+DEFAULT_CANARY_STEPS: tuple[int, ...] = (10, 25, 50)
+CPU_PROFILE = "cpu"
+
+# Flags the operator derives from the plan or owns for wiring (llama-server and vLLM).
+# Letting engineArgs set them would silently contradict status.plan. They hold only
+# [-a-z], so they go into the regex (shared by Python and CEL/RE2) unescaped.
+OPERATOR_OWNED_ENGINE_FLAGS: tuple[str, ...] = (
+    # llama-server
+    "-m", "--model", "--host", "--port", "-c", "--ctx-size", "-ngl", "--gpu-layers",
+    "--n-gpu-layers", "-np", "--parallel", "-kvu", "--kv-unified", "--no-kv-unified",
+    "-ctk", "--cache-type-k", "-ctv", "--cache-type-v", "-t", "--threads", "-a", "--alias",
+    "--api-key", "--api-key-file",
+    # vLLM
+    "--served-model-name", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
+    "-tp", "--tensor-parallel-size", "--kv-cache-dtype",
+)  # fmt: skip
+OWNED_FLAG_PATTERN = "^(" + "|".join(OPERATOR_OWNED_ENGINE_FLAGS) + ")(=.*)?$"
+
+
+class Engine(StrEnum):
+    LLAMACPP = "llamacpp"
+    VLLM = "vllm"
+
+
+class RolloutStrategy(StrEnum):
+    CANARY = "canary"
+    SURGE = "surge"
+
+
+class GLMServiceConditionType(StrEnum):
+    READY = "Ready"
+    MODEL_READY = "ModelReady"
+    PLANNED = "Planned"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    CANARY_PROGRESSING = "CanaryProgressing"
+
+
+class CanaryPhase(StrEnum):
+    IDLE = "Idle"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    PROMOTING = "Promoting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+
+
+class Accelerator(SpecModel):
+    """The accelerator each replica gets: a profile name and how many devices."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.profile != 'cpu' || self.count == 1",
+                    "message": "accelerator.count must be 1 on the cpu profile "
+                    "(CPU threads come from the CPU request)",
+                    "fieldPath": ".count",
+                }
+            ]
+        }
+    }
+
+    profile: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "Accelerator profile: nvidia-a10, nvidia-l4, nvidia-a100-40gb, nvidia-a100-80gb, "
+            "nvidia-h100-80gb, nvidia-h200, nvidia-v100-32gb, ascend-910b, ascend-310p, cpu, "
+            "or one added in the operator config. It fixes the device memory, the resource "
+            "name, node labels and tolerations."
+        ),
+    )
+    count: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Devices per replica; above 1 the model is tensor-parallel inside one pod.",
+    )
+
+    @model_validator(mode="after")
+    def _cpu_has_one_device(self) -> Accelerator:
+        if self.profile == CPU_PROFILE and self.count != 1:
+            raise ValueError("accelerator.count must be 1 on the cpu profile")
+        return self
+
+
+class ScalingPolicy(SpecModel):
+    """One HPA scaling policy (autoscaling/v2 HPAScalingPolicy)."""
+
+    type: Literal["Pods", "Percent"]
+    value: int = Field(ge=1, le=1000)
+    period_seconds: int = Field(ge=1, le=1800)
+
+
+class ScalingRules(SpecModel):
+    """HPA scaling rules for one direction (autoscaling/v2 HPAScalingRules)."""
+
+    stabilization_window_seconds: int | None = Field(default=None, ge=0, le=3600)
+    select_policy: Literal["Max", "Min", "Disabled"] | None = None
+    policies: list[ScalingPolicy] | None = Field(default=None, max_length=10)
+
+
+class ScalingBehavior(SpecModel):
+    """How fast to scale up and down. Model pods load slowly: scale down gently."""
+
+    scale_up: ScalingRules | None = None
+    scale_down: ScalingRules | None = None
+
+
+class AutoscalingTargets(SpecModel):
+    """Per-replica targets; the HPA scales on whichever asks for the most replicas."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.acceleratorMemoryUtilization) || "
+                    "has(self.requestsPerSecond) || has(self.queueLength)",
+                    "message": "autoscaling.targets needs at least one of "
+                    "acceleratorMemoryUtilization, requestsPerSecond, queueLength",
+                }
+            ]
+        }
+    }
+
+    accelerator_memory_utilization: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Target GPU/NPU memory utilisation, percent.",
+    )
+    requests_per_second: float | None = Field(
+        default=None, ge=0.001, le=100000, description="Target requests per second per replica."
+    )
+    queue_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description="Target queued (waiting, not yet decoding) requests per replica.",
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> AutoscalingTargets:
+        if (
+            self.accelerator_memory_utilization is None
+            and self.requests_per_second is None
+            and self.queue_length is None
+        ):
+            raise ValueError("autoscaling.targets needs at least one target")
+        return self
+
+
+class Autoscaling(SpecModel):
+    """Horizontal autoscaling of the main pool (an autoscaling/v2 HPA on gateway metrics)."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "autoscaling.minReplicas must be <= autoscaling.maxReplicas",
+                    "fieldPath": ".minReplicas",
+                }
+            ]
+        }
+    }
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Lower bound.")
+    max_replicas: int = Field(ge=1, le=1000, description="Upper bound.")
+    targets: AutoscalingTargets = Field(description="Per-replica metric targets.")
+    behavior: ScalingBehavior | None = Field(
+        default=None, description="HPA behavior; the operator's defaults scale down slowly."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.minReplicas ({self.min_replicas}) must be <= "
+                f"autoscaling.maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+
+class LongContext(SpecModel):
+    """An overflow pool with a larger context, for prompts the main pool rejects.
+
+    The gateway sends a request the engine refuses for context size here, waking the pool
+    from zero; it goes back to zero after idleSeconds without traffic.
+    """
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!self.enabled || has(self.contextLength)",
+                    "message": "longContext.contextLength is required when longContext is enabled",
+                    "fieldPath": ".contextLength",
+                },
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "longContext.minReplicas must be <= longContext.maxReplicas",
+                    "fieldPath": ".minReplicas",
+                },
+            ]
+        }
+    }
+
+    enabled: bool = Field(default=False, description="Create the long-context pool.")
+    context_length: int | None = Field(
+        default=None,
+        ge=MIN_CONTEXT_LENGTH,
+        le=MAX_CONTEXT_LENGTH,
+        description="Context of the pool; must exceed spec.contextLength.",
+    )
+    concurrency: int = Field(default=1, ge=1, le=64, description="Concurrent requests per replica.")
+    min_replicas: int = Field(default=0, ge=0, le=100, description="0 lets the pool sleep.")
+    max_replicas: int = Field(default=1, ge=1, le=100, description="Upper bound.")
+    idle_seconds: int = Field(
+        default=600, ge=30, le=86400, description="Scale to minReplicas after this long idle."
+    )
+    accelerator: Accelerator | None = Field(
+        default=None, description="Accelerator per replica; spec.accelerator when unset."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LongContext:
+        if self.enabled and self.context_length is None:
+            raise ValueError("longContext.contextLength is required when longContext is enabled")
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("longContext.minReplicas must be <= longContext.maxReplicas")
+        return self
+
+
+class RateLimit(SpecModel):
+    """Per-API-key token bucket; over the limit the gateway answers 429 with Retry-After."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.requestsPerMinute) || has(self.tokensPerMinute)",
+                    "message": "gateway.rateLimit needs requestsPerMinute or tokensPerMinute",
+                }
+            ]
+        }
+    }
+
+    requests_per_minute: int | None = Field(default=None, ge=1, le=1_000_000)
+    tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Prompt plus completion tokens per minute.",
+    )
+    burst: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Bucket size in requests; requestsPerMinute/6 (10 s worth) when unset.",
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> RateLimit:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValueError("gateway.rateLimit needs requestsPerMinute or tokensPerMinute")
+        return self
+
+
+class Audit(SpecModel):
+    """One JSON line per request on the gateway's stdout."""
+
+    enabled: bool = Field(default=True, description="Write audit lines.")
+    include_prompts: bool = Field(
+        default=False, description="Also log prompt and completion text (personal data!)."
+    )
+
+
+class Gateway(SpecModel):
+    """The OpenAI-compatible gateway sidecar in front of each engine."""
+
+    api_keys_secret: SecretName | None = Field(
+        default=None,
+        description=(
+            "Secret whose every data value is one valid API key (several at once, for "
+            "rotation; reloaded without restart). Without it the endpoint is open."
+        ),
+    )
+    rate_limit: RateLimit | None = Field(default=None, description="Per-key rate limit.")
+    audit: Audit = Field(default_factory=Audit, description="Audit log.")
+
+
+class CanaryAnalysis(SpecModel):
+    """What a canary step must show, from the gateway's Prometheus metrics, to go on."""
+
+    max_error_rate_percent: float = Field(
+        default=1.0, ge=0, le=100, description="5xx share of canary requests, percent."
+    )
+    max_latency_p99_ms: int | None = Field(
+        default=None, ge=1, le=3_600_000, description="p99 request latency bound."
+    )
+    max_time_to_first_token_p99_ms: int | None = Field(
+        default=None, ge=1, le=3_600_000, description="p99 time-to-first-token bound."
+    )
+    min_request_count: int = Field(
+        default=20,
+        ge=0,
+        le=1_000_000,
+        description="Fewer canary requests in an interval hold the step; they never fail it.",
+    )
+    failure_threshold: int = Field(
+        default=3, ge=1, le=100, description="Failed checks before the rollback."
+    )
+
+
+class Rollout(SpecModel):
+    """How traffic moves from status.stableModelVersion to spec.modelVersion."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.strategy == 'canary' || "
+                    "(!has(self.steps) && !has(self.analysis))",
+                    "message": "rollout.steps and rollout.analysis apply only to strategy canary",
+                    "fieldPath": ".strategy",
+                }
+            ]
+        }
+    }
+
+    strategy: RolloutStrategy = Field(
+        default=RolloutStrategy.SURGE,
+        description=(
+            "surge: start the new version at full size, then remove the old one. "
+            "canary: move traffic by steps, with analysis and automatic rollback."
+        ),
+    )
+    steps: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=20,
+        description="Canary traffic weights, percent, strictly ascending (default 10, 25, 50).",
+        json_schema_extra={
+            "items": {"minimum": 1, "maximum": 100},
+            "x-kubernetes-list-type": "set",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.isSorted()",
+                    "message": "rollout.steps must be strictly ascending weights between 1 and 100",
+                }
+            ],
+        },
+    )
+    interval: Duration = Field(
+        default="1m", description="Time per step (and between analysis checks), e.g. 2m."
+    )
+    analysis: CanaryAnalysis | None = Field(default=None, description="Canary gates.")
+    paused: bool = Field(default=False, description="Hold the canary at its current step.")
+
+    @field_validator("steps")
+    @classmethod
+    def _ascending(cls, steps: list[int] | None) -> list[int] | None:
+        if steps is None:
+            return None
+        if any(not 1 <= w <= 100 for w in steps):
+            raise ValueError("rollout.steps weights must be between 1 and 100")
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ValueError("rollout.steps must be strictly ascending")
+        return steps
+
+    @model_validator(mode="after")
+    def _canary_only_fields(self) -> Rollout:
+        if self.strategy != RolloutStrategy.CANARY and (
+            self.steps is not None or self.analysis is not None
+        ):
+            raise ValueError("rollout.steps and rollout.analysis apply only to strategy canary")
+        return self
+
+    @property
+    def effective_steps(self) -> tuple[int, ...]:
+        return tuple(self.steps) if self.steps else DEFAULT_CANARY_STEPS
+
+
+class Toleration(SpecModel):
+    """core/v1 Toleration."""
+
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, json_schema_extra={"format": "int64"})
+
+
+class ResourceOverrides(SpecModel):
+    """Container resources merged over the planned ones (accelerator devices excepted)."""
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None, json_schema_extra={"maxProperties": 16}
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None, json_schema_extra={"maxProperties": 16}
+    )
+
+
+class EnvVar(SpecModel):
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str = Field(default="", max_length=32768)
+
+
+_RESERVED_LABEL_RULE = " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES)
+
+
+class PodOverrides(SpecModel):
+    """Escape hatches applied to every engine pod, after the plan."""
+
+    node_selector: StringMap | None = Field(default=None, description="Added to the profile's.")
+    tolerations: list[Toleration] | None = Field(
+        default=None, max_length=32, description="Added to the profile's."
+    )
+    affinity: FreeFormObject | None = Field(
+        default=None, description="core/v1 Affinity; replaces the profile's node affinity."
+    )
+    resources: ResourceOverrides | None = Field(default=None, description="Engine container.")
+    annotations: StringMap | None = Field(default=None, description="Pod annotations.")
+    labels: StringMap | None = Field(
+        default=None,
+        description="Pod labels; glm-operator.dev/ and app.kubernetes.io/ keys are reserved.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, {_RESERVED_LABEL_RULE})",
+                    "message": "podOverrides.labels must not use the reserved prefixes "
+                    "glm-operator.dev/ and app.kubernetes.io/",
+                }
+            ]
+        },
+    )
+    priority_class_name: str | None = Field(default=None, max_length=253)
+    env: list[EnvVar] | None = Field(
+        default=None, max_length=64, description="Extra engine environment variables."
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Engine image; the profile's image for the engine when unset.",
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _no_reserved_labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        for key in labels or {}:
+            if key.startswith(RESERVED_LABEL_PREFIXES):
+                raise ValueError(f"podOverrides.labels: {key!r} uses a reserved prefix")
+        return labels
+
+
+class GLMServiceSpec(SpecModel):
+    """What to serve, on what, for how many users; the operator plans the rest."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.replicas) && has(self.autoscaling))",
+                    "message": "replicas and autoscaling are mutually exclusive: set one",
+                    "fieldPath": ".replicas",
+                },
+                {
+                    "rule": "!has(self.engine) || self.engine != 'vllm' || "
+                    "self.accelerator.profile != 'cpu'",
+                    "message": "engine vllm does not run on the cpu accelerator profile: "
+                    "use engine llamacpp with a GGUF ModelVersion",
+                    "fieldPath": ".engine",
+                },
+                {
+                    "rule": "!has(self.longContext) || !self.longContext.enabled || "
+                    "!has(self.longContext.contextLength) || !has(self.contextLength) || "
+                    "self.longContext.contextLength > self.contextLength",
+                    "message": "longContext.contextLength must be larger than contextLength",
+                    "fieldPath": ".longContext.contextLength",
+                },
+            ]
+        }
+    }
+
+    model_version: ObjectName = Field(
+        description=(
+            "Name of the ModelVersion (same namespace) that should be live. Changing it starts "
+            "a rollout from status.stableModelVersion."
+        )
+    )
+    engine: Engine | None = Field(
+        default=None,
+        description=(
+            "llamacpp (llama-server, GGUF) or vllm (safetensors). Default: from the "
+            "ModelVersion format. A mismatch with the format is reported as "
+            "ModelReady=False, reason EngineFormatMismatch (the API server cannot see the "
+            "ModelVersion)."
+        ),
+    )
+    accelerator: Accelerator = Field(description="Accelerator profile and devices per replica.")
+    context_length: int = Field(
+        default=DEFAULT_CONTEXT_LENGTH,
+        ge=MIN_CONTEXT_LENGTH,
+        le=MAX_CONTEXT_LENGTH,
+        description="Tokens of context every request may use (prompt plus completion).",
+    )
+    concurrency: int = Field(
+        default=DEFAULT_CONCURRENCY,
+        ge=1,
+        le=1024,
+        description="Requests decoded at once per replica, each with the full contextLength.",
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Fixed replica count (1 when neither replicas nor autoscaling is set).",
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="Autoscaling instead of a fixed replica count."
+    )
+    long_context: LongContext | None = Field(
+        default=None, description="Overflow pool for prompts longer than contextLength."
+    )
+    gateway: Gateway = Field(default_factory=Gateway, description="Gateway sidecar settings.")
+    rollout: Rollout = Field(default_factory=Rollout, description="Version rollout policy.")
+    engine_args: list[str] | None = Field(
+        default=None,
+        max_length=64,
+        description=(
+            "Extra engine arguments, one argv element each. Flags the operator plans or owns "
+            "(model, host, port, context size, GPU layers, slots, KV cache type, threads, "
+            "tensor parallel size, max model len, max num seqs, GPU memory utilization, API "
+            "keys) are refused."
+        ),
+        json_schema_extra={
+            "items": {"maxLength": 256},
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
+                    "message": "engineArgs must not set flags the operator owns",
+                    "messageExpression": "'engineArgs must not set ' + "
+                    f"self.filter(a, a.matches('{OWNED_FLAG_PATTERN}'))[0] + "
+                    "': the operator sets it from the plan or the GLMService fields'",
+                }
+            ],
+        },
+    )
+    pod_overrides: PodOverrides | None = Field(
+        default=None, description="Escape hatches for the engine pods."
+    )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_owned_flags(cls, args: list[str] | None) -> list[str] | None:
+        for arg in args or []:
+            if len(arg) > 256:
+                raise ValueError("engineArgs elements are at most 256 characters")
+            if re.match(OWNED_FLAG_PATTERN, arg):
+                raise ValueError(
+                    f"engineArgs must not set {arg}: the operator sets it from the plan "
+                    "or the GLMService fields"
+                )
+        return args
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> GLMServiceSpec:
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError("replicas and autoscaling are mutually exclusive: set one")
+        if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
+            raise ValueError("engine vllm does not run on the cpu accelerator profile")
+        long_context = self.long_context
+        if (
+            long_context is not None
+            and long_context.enabled
+            and long_context.context_length is not None
+            and long_context.context_length <= self.context_length
+        ):
+            raise ValueError(
+                f"longContext.contextLength ({long_context.context_length}) must be larger "
+                f"than contextLength ({self.context_length})"
+            )
+        return self
+
+    @property
+    def effective_replicas(self) -> int:
+        """Replicas when autoscaling is off."""
+        return 1 if self.replicas is None else self.replicas
+
+
+# ---- status -----------------------------------------------------------------------------
+
+
+class MemoryBreakdown(StatusModel):
+    """Planned memory per replica, in bytes (per device when tensor parallel)."""
+
+    weights_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
+    kv_cache_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
+    compute_buffer_bytes: int = Field(default=0, ge=0, json_schema_extra={"format": "int64"})
+    overhead_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="Runtime overhead and headroom kept free.",
+        json_schema_extra={"format": "int64"},
+    )
+    total_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
+    capacity_bytes: int = Field(
+        ge=0,
+        description="Device (or host) memory available.",
+        json_schema_extra={"format": "int64"},
+    )
+
+
+class PlannedResources(StatusModel):
+    requests: dict[str, str] = Field(default_factory=dict)
+    limits: dict[str, str] = Field(default_factory=dict)
+
+
+class PlanSummary(StatusModel):
+    """The capacity plan the pods run with (see docs/planning.md)."""
+
+    engine: Engine
+    accelerator: str = Field(description="Profile name.")
+    accelerator_count: int = Field(ge=1)
+    model_version: str
+    facts_source: Literal["measured", "declared"] = Field(
+        description="Whether the model facts came from the GGUF header or spec.facts."
+    )
+    context_length: int = Field(ge=1)
+    slots: int = Field(ge=1, description="Parallel sequences per replica (--parallel).")
+    context_per_slot: int = Field(ge=1)
+    kv_unified: bool | None = Field(default=None, description="llama.cpp --kv-unified.")
+    gpu_layers: int | None = Field(default=None, ge=0, description="llama.cpp --n-gpu-layers.")
+    kv_cache_type: str | None = Field(default=None, description="KV cache element type.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1, description="vLLM --max-model-len.")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM --max-num-seqs.")
+    gpu_memory_utilization: float | None = Field(default=None, ge=0, le=1)
+    cpu_threads: int | None = Field(default=None, ge=1)
+    memory: MemoryBreakdown | None = None
+    resources: PlannedResources | None = None
+    engine_args: list[str] = Field(default_factory=list, description="The planned argv flags.")
+    summary: str = Field(default="", description="One line for humans.")
+
+
+class CanaryAnalysisResult(StatusModel):
+    time: datetime
+    request_count: int = Field(ge=0, json_schema_extra={"format": "int64"})
+    error_rate_percent: float | None = None
+    latency_p99_ms: float | None = None
+    time_to_first_token_p99_ms: float | None = None
+    passed: bool
+    message: str = ""
+
+
+class CanaryStatus(StatusModel):
+    """Where a canary rollout stands."""
+
+    phase: CanaryPhase = CanaryPhase.IDLE
+    model_version: str | None = Field(default=None, description="The version under test.")
+    weight: int = Field(default=0, ge=0, le=100, description="Traffic percent to the canary.")
+    step: int = Field(default=0, ge=0, description="Index into rollout.steps, 1-based; 0 idle.")
+    failed_checks: int = Field(default=0, ge=0)
+    last_analysis: CanaryAnalysisResult | None = None
+    last_transition_time: datetime | None = None
+    message: str = ""
+
+
+class PoolStatus(StatusModel):
+    replicas: int = Field(default=0, ge=0)
+    ready_replicas: int = Field(default=0, ge=0)
+    endpoint: str | None = None
+
+
+class GLMServiceStatus(StatusModel):
+    """What is serving now."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, json_schema_extra={"format": "int64"}
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    stable_model_version: str | None = Field(
+        default=None, description="The ModelVersion serving now (the rollout's starting point)."
+    )
+    replicas: int = Field(default=0, ge=0, description="Main pool pods (scale subresource).")
+    ready_replicas: int = Field(default=0, ge=0)
+    selector: str | None = Field(
+        default=None, description="Label selector of the main pool pods, for the HPA."
+    )
+    endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
+    plan: PlanSummary | None = None
+    canary: CanaryStatus | None = None
+    long_context: PoolStatus | None = None
+
+
+class GLMService(SpecModel):
+    """A GLMService object as stored in the API server."""
+
+    model_config = {"extra": "ignore"}
+
+    api_version: Literal["serving.glm-operator.dev/v1alpha1"] = "serving.glm-operator.dev/v1alpha1"
+    kind: Literal["GLMService"] = "GLMService"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: GLMServiceSpec
+    status: GLMServiceStatus = Field(default_factory=GLMServiceStatus)
