@@ -1,0 +1,151 @@
+"""What the fetch Job writes into its ModelVersion's status (pure), and the call that writes it.
+
+    phase       Fetching while downloading, Ready when cached and verified, Failed otherwise
+    sizeBytes, sha256, facts (the GGUF header, camelCase names), cache {claimName, path}
+    conditions  Cached    True when the verified file sits under its final name in the cache
+                Verified  True when sha256 and header check passed; False names the reason
+
+Ready is the operator's summary condition and is left to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from glm_operator.api.conditions import Condition, ConditionStatus, set_condition
+from glm_operator.api.modelversion import (
+    ModelFacts,
+    ModelVersionConditionType,
+    ModelVersionPhase,
+)
+from glm_operator.fetch.download import FetchResult
+from glm_operator.fetch.errors import FetchError
+from glm_operator.fetch.gguf_header import GGUFFacts
+from glm_operator.kube.modelversion_status import ServiceAccountAccess, update_modelversion_status
+
+log = logging.getLogger("glm_operator.fetch")
+
+CACHED = ModelVersionConditionType.CACHED.value
+VERIFIED = ModelVersionConditionType.VERIFIED.value
+
+
+@dataclass(frozen=True)
+class StatusTarget:
+    namespace: str
+    name: str
+    claim_name: str | None = None  # the cache PVC, echoed into status.cache
+
+
+def facts_from_gguf(facts: GGUFFacts, size_bytes: int) -> dict[str, Any]:
+    model = ModelFacts(
+        architecture=facts.architecture,
+        block_count=facts.block_count,
+        embedding_length=facts.embedding_length,
+        head_count=facts.head_count,
+        head_count_kv=facts.head_count_kv,
+        key_length=facts.key_length,
+        value_length=facts.value_length,
+        context_length=facts.context_length,
+        nextn_predict_layers=facts.nextn_predict_layers,
+        expert_count=facts.expert_count,
+        expert_used_count=facts.expert_used_count,
+        size_bytes=size_bytes or None,
+        file_type=facts.file_type_name,
+    )
+    return model.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _conditions(obj: Mapping[str, Any]) -> list[Condition]:
+    raw = (obj.get("status") or {}).get("conditions") or []
+    return [Condition.model_validate(c) for c in raw]
+
+
+def _dump(conditions: list[Condition]) -> list[dict[str, Any]]:
+    return [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions]
+
+
+def _generation(obj: Mapping[str, Any]) -> int | None:
+    value = (obj.get("metadata") or {}).get("generation")
+    return int(value) if value is not None else None
+
+
+def fetching_status(obj: Mapping[str, Any], source: str, now: datetime | None = None) -> (
+        dict[str, Any]):
+    generation = _generation(obj)
+    conditions = set_condition(_conditions(obj), CACHED, ConditionStatus.FALSE, "Downloading",
+                               f"fetching {source}", generation, now)
+    conditions = set_condition(conditions, VERIFIED, ConditionStatus.UNKNOWN, "NotYetDownloaded",
+                               "verification runs when the download completes", generation, now)
+    return {"phase": ModelVersionPhase.FETCHING.value, "observedGeneration": generation,
+            "conditions": _dump(conditions)}
+
+
+def success_status(obj: Mapping[str, Any], result: FetchResult, target: StatusTarget,
+                   relative_path: str, now: datetime | None = None) -> dict[str, Any]:
+    generation = _generation(obj)
+    checks = ["sha256 " + ("matches spec.sha256" if (obj.get("spec") or {}).get("sha256")
+                           else "measured (no spec.sha256 to compare)")]
+    if result.gguf is not None:
+        checks.append(f"GGUF header architecture={result.gguf.architecture}")
+    conditions = set_condition(
+        _conditions(obj), VERIFIED, True, "Verified", "; ".join(checks), generation, now)
+    conditions = set_condition(
+        conditions, CACHED, True, "AlreadyCached" if result.from_cache else "Downloaded",
+        f"{result.size_bytes} bytes at {relative_path}"
+        + (f" in PVC {target.claim_name}" if target.claim_name else ""), generation, now)
+    status: dict[str, Any] = {
+        "phase": ModelVersionPhase.READY.value,
+        "observedGeneration": generation,
+        "sizeBytes": result.size_bytes,
+        "sha256": result.sha256,
+        "cache": {"path": relative_path,
+                  **({"claimName": target.claim_name} if target.claim_name else {})},
+        "conditions": _dump(conditions),
+    }
+    if result.gguf is not None:
+        status["facts"] = facts_from_gguf(result.gguf, result.size_bytes)
+    return status
+
+
+def failure_status(obj: Mapping[str, Any], error: FetchError, now: datetime | None = None) -> (
+        dict[str, Any]):
+    generation = _generation(obj)
+    message = str(error)
+    conditions = set_condition(_conditions(obj), CACHED, ConditionStatus.FALSE, error.reason,
+                               message, generation, now)
+    if error.after_download:
+        conditions = set_condition(conditions, VERIFIED, ConditionStatus.FALSE, error.reason,
+                                   message, generation, now)
+    else:
+        conditions = set_condition(conditions, VERIFIED, ConditionStatus.UNKNOWN,
+                                   "NotDownloaded", f"nothing to verify: {message}", generation,
+                                   now)
+    return {"phase": ModelVersionPhase.FAILED.value, "observedGeneration": generation,
+            "conditions": _dump(conditions)}
+
+
+class StatusReporter:
+    """Writes the three moments (fetching, success, failure) for one ModelVersion."""
+
+    def __init__(self, access: ServiceAccountAccess, target: StatusTarget) -> None:
+        self._client = access.client()
+        self._target = target
+
+    def fetching(self, source: str) -> None:
+        self._write(lambda obj: fetching_status(obj, source))
+
+    def succeeded(self, result: FetchResult, relative_path: str) -> None:
+        self._write(lambda obj: success_status(obj, result, self._target, relative_path))
+
+    def failed(self, error: FetchError) -> None:
+        self._write(lambda obj: failure_status(obj, error))
+
+    def _write(self, compute: Any) -> None:
+        update_modelversion_status(self._client, self._target.namespace, self._target.name,
+                                   compute)
+        log.info("status of ModelVersion %s/%s updated", self._target.namespace,
+                 self._target.name)

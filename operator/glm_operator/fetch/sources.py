@@ -1,0 +1,177 @@
+"""Turn a ModelVersion's `source.uri` into something the downloader can read from an offset.
+
+    https://host/path/model.gguf         GET with Range; http:// only with allow_http
+    s3://bucket/key                      GET with Range, SigV4-signed (path-style addressing)
+    hf://org/repo/path/file?revision=r   {endpoint}/{org}/{repo}/resolve/{r}/{path/file}
+    pvc://claim/path/file                a file under {pvc_root}/{claim}/ (the claim is mounted)
+
+Credentials never appear in the URI; they come from the environment the Job gets from the
+ModelVersion's `credentialsSecret`:
+
+    HF_TOKEN                                     hf://   (Authorization: Bearer)
+    GLM_FETCH_BEARER_TOKEN                       https:// (Authorization: Bearer), optional
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,    s3://   (AWS_SESSION_TOKEN optional)
+    AWS_SESSION_TOKEN
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+
+from glm_operator.fetch.errors import InvalidSourceURI
+from glm_operator.fetch.s3_signing import S3Credentials, object_path, sign_request
+
+FIELD = "spec.source.uri"
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+DEFAULT_PVC_ROOT = "/mnt/pvc"
+
+# (method, url, headers) -> headers to send; S3 signs each request with a fresh date.
+RequestSigner = Callable[[str, str, Mapping[str, str]], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """Where and as whom to fetch; defaults come from the environment (see `from_environment`)."""
+
+    allow_http: bool = False
+    hf_endpoint: str = DEFAULT_HF_ENDPOINT
+    hf_token: str | None = None
+    bearer_token: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str = "us-east-1"
+    s3_credentials: S3Credentials | None = None
+    pvc_root: Path = Path(DEFAULT_PVC_ROOT)
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str] | None = None, **overrides: object) -> (
+            SourceSettings):
+        environ = os.environ if env is None else env
+        access, secret = environ.get("AWS_ACCESS_KEY_ID"), environ.get("AWS_SECRET_ACCESS_KEY")
+        values: dict[str, object] = {
+            "hf_endpoint": environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT,
+            "hf_token": environ.get("HF_TOKEN") or None,
+            "bearer_token": environ.get("GLM_FETCH_BEARER_TOKEN") or None,
+            "s3_endpoint": environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
+            "s3_region": environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+            or "us-east-1",
+            "s3_credentials": S3Credentials(access, secret, environ.get("AWS_SESSION_TOKEN"))
+            if access and secret else None,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class HttpSource:
+    url: str
+    display: str
+    filename: str
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    signer: RequestSigner | None = field(default=None, repr=False)
+
+    def request_headers(self, method: str, extra: Mapping[str, str]) -> dict[str, str]:
+        headers = {**self.headers, **extra}
+        return self.signer(method, self.url, headers) if self.signer else headers
+
+
+@dataclass(frozen=True)
+class LocalSource:
+    path: Path
+    display: str
+    filename: str
+
+
+Source = HttpSource | LocalSource
+
+
+def _bad(uri: str, why: str) -> InvalidSourceURI:
+    return InvalidSourceURI(f"{FIELD} {uri!r}: {why}")
+
+
+def _clean_relative_path(uri: str, path: str, what: str) -> str:
+    if not path or path.endswith("/"):
+        raise _bad(uri, f"{what} must name a file")
+    normal = posixpath.normpath(path)
+    if normal.startswith("..") or normal.startswith("/") or "/../" in f"/{normal}/":
+        raise _bad(uri, f"{what} must stay inside its root (no '..')")
+    return normal
+
+
+def parse_source(uri: str, settings: SourceSettings) -> Source:
+    """Resolve `uri` to a source; raise InvalidSourceURI naming the field for anything else."""
+    parts = urlsplit(uri.strip())
+    scheme = parts.scheme.lower()
+    if scheme in ("https", "http"):
+        if scheme == "http" and not settings.allow_http:
+            raise _bad(uri, "plain http:// is refused; use https:// or allow http explicitly")
+        if not parts.netloc:
+            raise _bad(uri, "no host")
+        name = posixpath.basename(parts.path)
+        if not name:
+            raise _bad(uri, "the path must end in a file name")
+        headers = {"Authorization": f"Bearer {settings.bearer_token}"} if settings.bearer_token \
+            else {}
+        display = f"{scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+        return HttpSource(url=uri.strip(), display=display, filename=name, headers=headers)
+    if scheme == "s3":
+        bucket, key = parts.netloc, parts.path.lstrip("/")
+        if not bucket:
+            raise _bad(uri, "no bucket (expected s3://bucket/key)")
+        key = _clean_relative_path(uri, key, "the object key")
+        return _s3_source(uri, bucket, key, settings)
+    if scheme == "hf":
+        return _hf_source(uri, parts.netloc, parts.path, parts.query, settings)
+    if scheme == "pvc":
+        claim = parts.netloc
+        if not claim:
+            raise _bad(uri, "no claim name (expected pvc://claim/path)")
+        relative = _clean_relative_path(uri, parts.path.lstrip("/"), "the path in the claim")
+        path = settings.pvc_root / claim / relative
+        return LocalSource(path=path, display=f"pvc://{claim}/{relative}",
+                           filename=posixpath.basename(relative))
+    raise _bad(uri, "scheme must be one of https, s3, hf, pvc" + (
+        "" if scheme else " (no scheme given)"))
+
+
+def _s3_source(uri: str, bucket: str, key: str, settings: SourceSettings) -> HttpSource:
+    if settings.s3_endpoint:
+        endpoint = settings.s3_endpoint.rstrip("/")
+        if endpoint.startswith("http://") and not settings.allow_http:
+            raise _bad(uri, f"S3 endpoint {endpoint} is plain http; allow http explicitly")
+        url = endpoint + object_path(bucket, key)
+    else:
+        url = f"https://s3.{settings.s3_region}.amazonaws.com{object_path(bucket, key)}"
+    credentials, region = settings.s3_credentials, settings.s3_region
+
+    def signer(method: str, target: str, headers: Mapping[str, str]) -> dict[str, str]:
+        if credentials is None:  # public bucket: anonymous request
+            return dict(headers)
+        return sign_request(method, target, headers, credentials, region)
+
+    return HttpSource(url=url, display=f"s3://{bucket}/{key}", filename=posixpath.basename(key),
+                      signer=signer)
+
+
+def _hf_source(uri: str, org: str, path: str, query: str, settings: SourceSettings) -> HttpSource:
+    segments = [s for s in path.split("/") if s]
+    if not org or len(segments) < 2:
+        raise _bad(uri, "expected hf://org/repo/path/to/file[?revision=...]")
+    repo, file_path = segments[0], _clean_relative_path(uri, "/".join(segments[1:]), "the file")
+    revisions = parse_qs(query).get("revision", ["main"])
+    revision = revisions[0] or "main"
+    unknown = set(parse_qs(query)) - {"revision"}
+    if unknown:
+        raise _bad(uri, f"unknown query parameter(s) {sorted(unknown)}; only revision is allowed")
+    endpoint = settings.hf_endpoint.rstrip("/")
+    if endpoint.startswith("http://") and not settings.allow_http:
+        raise _bad(uri, f"Hub endpoint {endpoint} is plain http; allow http explicitly")
+    url = (f"{endpoint}/{quote(org)}/{quote(repo)}/resolve/{quote(revision, safe='')}/"
+           f"{quote(file_path)}")
+    headers = {"Authorization": f"Bearer {settings.hf_token}"} if settings.hf_token else {}
+    return HttpSource(url=url, display=f"hf://{org}/{repo}/{file_path}@{revision}",
+                      filename=posixpath.basename(file_path), headers=headers)
