@@ -1,0 +1,367 @@
+"""The accelerator catalog: every hardware fact the planner and the renderers use, in one place.
+
+Memory per device is what the device reports as usable (GPU Feature Discovery's
+`nvidia.com/gpu.memory` label, in MiB, is the same number nvidia-smi prints), not the
+marketing figure: an A10 is sold as 24 GB and reports 23028 MiB (22.5 GiB).
+
+Users add or override profiles through operator config; `load_profiles(extra)` merges and
+validates them. Pure data: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from glm_operator import __version__
+
+MiB = 1024**2
+GiB = 1024**3
+
+Vendor = Literal["nvidia", "huawei", "cpu"]
+Engine = Literal["llamacpp", "vllm"]
+ENGINES: tuple[Engine, ...] = ("llamacpp", "vllm")
+VENDORS: tuple[Vendor, ...] = ("nvidia", "huawei", "cpu")
+
+# Our own runtime images (runtime-images/) live under this registry unless operator config
+# says otherwise; upstream vLLM images are used as published. Tags are pinned, never latest.
+DEFAULT_IMAGE_REGISTRY = "ghcr.io/glm-operator"
+VLLM_CUDA_IMAGE = "vllm/vllm-openai:v0.11.0"
+VLLM_ASCEND_IMAGE = "quay.io/ascend/vllm-ascend:v0.11.0rc0"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str
+    effect: str = "NoSchedule"
+    operator: str = "Exists"
+    value: str | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"key": self.key, "operator": self.operator, "effect": self.effect}
+        if self.value is not None:
+            out["value"] = self.value
+        return out
+
+
+@dataclass(frozen=True)
+class AcceleratorProfile:
+    """One kind of device (or a CPU-only node) that a replica runs on."""
+
+    name: str
+    vendor: Vendor
+    # Usable memory of one device as it reports it; for `cpu`, the node RAM a replica may use.
+    memory_bytes: int
+    # Extended resource requested per device; None for CPU.
+    resource_name: str | None
+    # label -> accepted values (any of); rendered as node affinity `In` expressions.
+    node_labels: Mapping[str, tuple[str, ...]]
+    tolerations: tuple[Toleration, ...]
+    engines: tuple[Engine, ...]
+    # engine -> image; llama.cpp images are ours, vLLM images upstream's.
+    images: Mapping[Engine, str]
+    # Tensor-parallel pods never span nodes: a replica's device count must be <= this.
+    max_devices_per_node: int
+    flash_attention: bool  # llama.cpp flash-attention kernels (needed for a quantized V cache)
+    bf16: bool  # native bf16 (V100 has none: vLLM then runs float16)
+    fp8: bool  # fp8 weights / fp8 KV cache in vLLM
+    # Memory the runtime takes before any model byte (CUDA context, cuBLAS/NCCL workspaces;
+    # the CANN runtime; for CPU, the OS and the engine process itself).
+    runtime_overhead_bytes: int = 512 * MiB
+    # CPU cores per node that one replica may use (CPU profile sizes threads from it).
+    cpu_cores: int = 8
+    description: str = ""
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name != self.name.lower():
+            raise ValueError(f"profile name must be a non-empty lower-case name: {self.name!r}")
+        if self.vendor not in VENDORS:
+            raise ValueError(f"profile {self.name}: vendor must be one of {VENDORS}")
+        if self.memory_bytes <= 0:
+            raise ValueError(f"profile {self.name}: memory must be > 0")
+        if self.max_devices_per_node < 1:
+            raise ValueError(f"profile {self.name}: maxDevicesPerNode must be >= 1")
+        if not self.engines or any(e not in ENGINES for e in self.engines):
+            raise ValueError(f"profile {self.name}: engines must be a subset of {ENGINES}")
+        for engine in self.engines:
+            image = self.images.get(engine)
+            if not image:
+                raise ValueError(f"profile {self.name}: no image for engine {engine}")
+            check_pinned_image(image, where=f"profile {self.name}")
+        if self.vendor != "cpu" and not self.resource_name:
+            raise ValueError(f"profile {self.name}: a {self.vendor} profile needs a resourceName")
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.vendor == "cpu"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (status, docs, `glm-operator plan`)."""
+        return {
+            "name": self.name,
+            "vendor": self.vendor,
+            "memoryBytes": self.memory_bytes,
+            "resourceName": self.resource_name,
+            "nodeLabels": {k: list(v) for k, v in self.node_labels.items()},
+            "tolerations": [t.to_dict() for t in self.tolerations],
+            "engines": list(self.engines),
+            "images": dict(self.images),
+            "maxDevicesPerNode": self.max_devices_per_node,
+            "flashAttention": self.flash_attention,
+            "bf16": self.bf16,
+            "fp8": self.fp8,
+            "runtimeOverheadBytes": self.runtime_overhead_bytes,
+            "cpuCores": self.cpu_cores,
+        }
+
+
+def check_pinned_image(image: str, *, where: str) -> None:
+    name, _, tag = image.rpartition(":")
+    if "@sha256:" in image:
+        return
+    if not name or "/" in tag or not tag or tag == "latest":
+        raise ValueError(f"{where}: image {image!r} must carry a pinned tag (never latest)")
+
+
+def runtime_images(
+    registry: str = DEFAULT_IMAGE_REGISTRY, tag: str = __version__
+) -> dict[str, str]:
+    """Our llama.cpp runtime images (runtime-images/llamacpp), one per backend."""
+    registry = registry.rstrip("/")
+    return {
+        "llamacpp-cuda": f"{registry}/llama-server-cuda:{tag}",
+        "llamacpp-cpu": f"{registry}/llama-server-cpu:{tag}",
+        "llamacpp-cann": f"{registry}/llama-server-cann:{tag}",
+    }
+
+
+_NVIDIA_TOLERATIONS = (Toleration("nvidia.com/gpu"),)
+_GFD_PRODUCT = "nvidia.com/gpu.product"
+
+
+def _nvidia(
+    name: str,
+    mib: int,
+    products: tuple[str, ...],
+    *,
+    images: Mapping[str, str],
+    bf16: bool = True,
+    fp8: bool = False,
+    max_devices: int = 8,
+    description: str,
+) -> AcceleratorProfile:
+    return AcceleratorProfile(
+        name=name,
+        vendor="nvidia",
+        memory_bytes=mib * MiB,
+        resource_name="nvidia.com/gpu",
+        node_labels={_GFD_PRODUCT: products},
+        tolerations=_NVIDIA_TOLERATIONS,
+        engines=("llamacpp", "vllm"),
+        images={"llamacpp": images["llamacpp-cuda"], "vllm": VLLM_CUDA_IMAGE},
+        max_devices_per_node=max_devices,
+        flash_attention=True,
+        bf16=bf16,
+        fp8=fp8,
+        runtime_overhead_bytes=512 * MiB,
+        cpu_cores=8,
+        description=description,
+    )
+
+
+def builtin_profiles(
+    registry: str = DEFAULT_IMAGE_REGISTRY, tag: str = __version__
+) -> dict[str, AcceleratorProfile]:
+    """The shipped catalog. Sources for each number are in docs/planning.md."""
+    images = runtime_images(registry, tag)
+    profiles = [
+        _nvidia("nvidia-a10", 23028, ("NVIDIA-A10",), images=images,
+                max_devices=4, description="NVIDIA A10 24 GB (Ampere, sm_86)"),
+        _nvidia("nvidia-l4", 23034, ("NVIDIA-L4",), images=images, fp8=True,
+                description="NVIDIA L4 24 GB (Ada, sm_89)"),
+        _nvidia("nvidia-a100-40gb", 40960,
+                ("NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB"), images=images,
+                description="NVIDIA A100 40 GB (Ampere, sm_80)"),
+        _nvidia("nvidia-a100-80gb", 81920,
+                ("NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe"), images=images,
+                description="NVIDIA A100 80 GB (Ampere, sm_80)"),
+        _nvidia("nvidia-h100-80gb", 81559,
+                ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe"), images=images, fp8=True,
+                description="NVIDIA H100 80 GB (Hopper, sm_90)"),
+        _nvidia("nvidia-h200", 143771, ("NVIDIA-H200", "NVIDIA-H200-NVL"), images=images,
+                fp8=True, description="NVIDIA H200 141 GB (Hopper, sm_90)"),
+        _nvidia("nvidia-v100-32gb", 32768,
+                ("Tesla-V100-SXM2-32GB", "Tesla-V100-PCIE-32GB"), images=images, bf16=False,
+                description="NVIDIA V100 32 GB (Volta, sm_70): no bf16, no fp8"),
+        AcceleratorProfile(
+            name="ascend-910b",
+            vendor="huawei",
+            memory_bytes=65536 * MiB,  # 910B1/B2/B3: 64 GB HBM per NPU (npu-smi: 65536 MB)
+            resource_name="huawei.com/Ascend910",
+            node_labels={
+                "accelerator": ("huawei-Ascend910",),
+                "accelerator-type": ("module-910b-8", "module-910b-16", "card-910b-2"),
+            },
+            tolerations=(Toleration("huawei.com/Ascend910"),),
+            engines=("llamacpp", "vllm"),
+            images={"llamacpp": images["llamacpp-cann"], "vllm": VLLM_ASCEND_IMAGE},
+            max_devices_per_node=8,
+            flash_attention=True,
+            bf16=True,
+            fp8=False,
+            runtime_overhead_bytes=1536 * MiB,  # CANN runtime and HCCL buffers
+            cpu_cores=16,
+            description="Huawei Ascend 910B (Atlas 800T/800I A2), 64 GB HBM per NPU",
+        ),
+        AcceleratorProfile(
+            name="ascend-310p",
+            vendor="huawei",
+            memory_bytes=24576 * MiB,  # Atlas 300I Pro: one 310P3 with 24 GB LPDDR4X
+            resource_name="huawei.com/Ascend310P",
+            node_labels={"accelerator": ("huawei-Ascend310P",)},
+            tolerations=(Toleration("huawei.com/Ascend310P"),),
+            engines=("llamacpp", "vllm"),
+            images={"llamacpp": images["llamacpp-cann"], "vllm": VLLM_ASCEND_IMAGE},
+            max_devices_per_node=8,
+            flash_attention=False,
+            bf16=False,
+            fp8=False,
+            runtime_overhead_bytes=1024 * MiB,
+            cpu_cores=8,
+            description="Huawei Ascend 310P3 (Atlas 300I Pro 24 GB; the 300I Duo has 48 GB "
+            "per chip: override memoryBytes)",
+        ),
+        AcceleratorProfile(
+            name="cpu",
+            vendor="cpu",
+            memory_bytes=64 * GiB,  # node RAM a replica may use: override in operator config
+            resource_name=None,
+            node_labels={},
+            tolerations=(),
+            engines=("llamacpp",),
+            images={"llamacpp": images["llamacpp-cpu"]},
+            max_devices_per_node=1,
+            flash_attention=True,
+            bf16=True,
+            fp8=False,
+            runtime_overhead_bytes=512 * MiB,  # the engine process, tokenizer, HTTP threads
+            cpu_cores=8,
+            description="CPU only (llama.cpp); memory is the node RAM a replica may use",
+        ),
+    ]
+    return {p.name: p for p in profiles}
+
+
+# Operator-config spelling (camelCase, as in the Helm values) -> dataclass field.
+_CONFIG_KEYS: dict[str, str] = {
+    "vendor": "vendor",
+    "memoryBytes": "memory_bytes",
+    "memoryMiB": "memory_bytes",
+    "resourceName": "resource_name",
+    "nodeLabels": "node_labels",
+    "tolerations": "tolerations",
+    "engines": "engines",
+    "images": "images",
+    "maxDevicesPerNode": "max_devices_per_node",
+    "flashAttention": "flash_attention",
+    "bf16": "bf16",
+    "fp8": "fp8",
+    "runtimeOverheadBytes": "runtime_overhead_bytes",
+    "cpuCores": "cpu_cores",
+    "description": "description",
+}
+
+
+def _profile_fields(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(spec) - set(_CONFIG_KEYS) - {"basedOn"})
+    if unknown:
+        raise ValueError(f"profile {name}: unknown field(s) {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key == "basedOn":
+            continue
+        target = _CONFIG_KEYS[key]
+        if key == "memoryMiB":
+            value = int(value) * MiB
+        elif key == "nodeLabels":
+            value = {
+                str(k): (str(v),) if isinstance(v, str) else tuple(str(x) for x in v)
+                for k, v in dict(value).items()
+            }
+        elif key == "tolerations":
+            value = tuple(
+                Toleration(
+                    key=str(t["key"]),
+                    effect=str(t.get("effect", "NoSchedule")),
+                    operator=str(t.get("operator", "Exists")),
+                    value=t.get("value"),
+                )
+                for t in value
+            )
+        elif key == "engines":
+            value = tuple(value)
+        elif key == "images":
+            value = dict(value)
+        out[target] = value
+    return out
+
+
+def load_profiles(
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    registry: str = DEFAULT_IMAGE_REGISTRY,
+    tag: str = __version__,
+) -> Mapping[str, AcceleratorProfile]:
+    """The built-in catalog merged with user profiles from operator config.
+
+    A user entry whose name exists overrides only the fields it sets (e.g. `cpu:
+    {memoryMiB: 262144, cpuCores: 32}`); a new name must be complete, or say `basedOn:
+    <profile>` to start from one. Every result is validated; errors name the profile and field.
+    """
+    profiles = builtin_profiles(registry, tag)
+    for name, spec in (extra or {}).items():
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"profile {name}: must be a mapping")
+        changes = _profile_fields(name, spec)
+        base_name = spec.get("basedOn", name if name in profiles else None)
+        try:
+            if base_name is not None:
+                if base_name not in profiles:
+                    raise ValueError(f"profile {name}: basedOn {base_name!r} is not a profile")
+                profiles[name] = replace(profiles[base_name], name=name, **changes)
+            else:
+                missing = {"vendor", "memory_bytes", "engines", "images"} - set(changes)
+                if missing:
+                    raise ValueError(
+                        f"profile {name}: a new profile needs {', '.join(sorted(missing))} "
+                        "(or basedOn)"
+                    )
+                changes.setdefault("resource_name", None)
+                changes.setdefault("node_labels", {})
+                changes.setdefault("tolerations", ())
+                changes.setdefault("max_devices_per_node", 1)
+                changes.setdefault("flash_attention", False)
+                changes.setdefault("bf16", False)
+                changes.setdefault("fp8", False)
+                profiles[name] = AcceleratorProfile(name=name, **changes)
+        except TypeError as exc:  # a wrongly typed value reaching the dataclass
+            raise ValueError(f"profile {name}: {exc}") from exc
+    return MappingProxyType(profiles)
+
+
+PROFILES: Mapping[str, AcceleratorProfile] = load_profiles()
+
+
+def get_profile(
+    name: str, profiles: Mapping[str, AcceleratorProfile] | None = None
+) -> AcceleratorProfile:
+    catalog = PROFILES if profiles is None else profiles
+    try:
+        return catalog[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown accelerator profile {name!r}; known: {', '.join(sorted(catalog))}"
+        ) from None

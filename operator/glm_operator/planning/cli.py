@@ -1,0 +1,181 @@
+"""`glm-operator plan`: print the capacity plan as a readable table, offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from glm_operator.planning.accelerators import PROFILES, load_profiles
+from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.planner import Plan, PlanRequest, gib, plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    facts = parser.add_argument_group("model facts")
+    facts.add_argument("--gguf-facts", type=Path, metavar="FILE",
+                       help="JSON file of model facts (ModelFacts fields, snake_case)")
+    facts.add_argument("--arch", help="architecture (glm4, glm4moe, llama, ...)")
+    facts.add_argument("--layers", type=int, help="trunk decoder layers (block_count)")
+    facts.add_argument("--nextn", type=int, default=0, help="nextn (MTP) layers")
+    facts.add_argument("--embd", type=int, help="embedding_length")
+    facts.add_argument("--heads", type=int, help="attention head_count")
+    facts.add_argument("--kv-heads", type=int, help="attention head_count_kv")
+    facts.add_argument("--head-dim", type=int, help="key/value length per head")
+    facts.add_argument("--trained-context", type=int, help="trained context_length")
+    facts.add_argument("--vocab", type=int, help="vocabulary size")
+    facts.add_argument("--params", type=float, help="parameters, in billions (e.g. 9.4)")
+    facts.add_argument("--weights-bytes", type=int, help="measured size of the artifact")
+    req = parser.add_argument_group("request")
+    req.add_argument("--quantization", required=True)
+    req.add_argument("--engine", choices=("llamacpp", "vllm"), required=True)
+    req.add_argument("--accelerator", required=True, help=f"profile: {', '.join(sorted(PROFILES))}")
+    req.add_argument("--count", type=int, default=1, help="devices per replica")
+    req.add_argument("--context", type=int, default=8192, help="tokens per request")
+    req.add_argument("--concurrency", type=int, default=1, help="requests at once")
+    req.add_argument("--kv-cache-type", help="f16, q8_0, q4_0 (llama.cpp); auto, fp8 (vLLM)")
+    req.add_argument("--kv-unified", action="store_true")
+    req.add_argument("--no-mmap", action="store_true")
+    req.add_argument("--allow-partial-offload", action="store_true")
+    req.add_argument("--node-memory-gib", type=float, help="CPU profile: node RAM per replica")
+    req.add_argument("--cpu-cores", type=int, help="cores per replica")
+    parser.add_argument("--profiles", type=Path, metavar="FILE",
+                        help="JSON/YAML file of extra accelerator profiles (operator config)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _facts(args: argparse.Namespace) -> ModelFacts:
+    data: dict[str, Any] = {}
+    if args.gguf_facts:
+        data.update(json.loads(args.gguf_facts.read_text()))
+    flags = {
+        "architecture": args.arch,
+        "block_count": args.layers,
+        "embedding_length": args.embd,
+        "head_count": args.heads,
+        "head_count_kv": args.kv_heads,
+        "key_length": args.head_dim,
+        "value_length": args.head_dim,
+        "context_length": args.trained_context,
+        "vocab_size": args.vocab,
+        "parameter_count": int(args.params * 1e9) if args.params else None,
+        "weights_bytes": args.weights_bytes,
+    }
+    if args.nextn:
+        flags["nextn_predict_layers"] = args.nextn
+    data.update({k: v for k, v in flags.items() if v is not None})
+    if args.weights_bytes and "quantization" not in data:
+        data["quantization"] = args.quantization
+    missing = [k for k in ("architecture", "block_count", "embedding_length", "head_count",
+                           "head_count_kv", "context_length") if k not in data]
+    if missing:
+        raise ValueError(f"model facts missing: {', '.join(missing)} (flags or --gguf-facts)")
+    return ModelFacts.from_mapping(data)
+
+
+def _rows(p: Plan) -> list[tuple[str, str]]:
+    m = p.memory
+    unit = "node RAM" if p.profile.is_cpu else "per device"
+    rows = [
+        ("model", f"{p.request.facts.architecture}, {p.request.quantization}"
+                  f" ({p.weights_basis})"),
+        ("placement", f"{p.request.count} x {p.profile.name} ({p.request.engine})"),
+        (f"weights ({unit})", f"{gib(m.weights)} GiB"),
+        ("KV cache", f"{gib(m.kv)} GiB ({p.kv_bytes_per_token} bytes/token)"),
+        ("compute buffers", f"{gib(m.compute)} GiB"),
+        ("runtime overhead", f"{gib(m.overhead)} GiB"),
+        ("total", f"{gib(m.total)} GiB"),
+        ("reserve", f"{gib(m.reserved)} GiB"),
+        ("available", f"{gib(m.available)} GiB"),
+        ("headroom", f"{gib(m.headroom)} GiB"),
+    ]
+    if p.llamacpp:
+        s = p.llamacpp
+        rows += [
+            ("--n-gpu-layers", str(s.n_gpu_layers)),
+            ("--parallel", str(s.parallel)),
+            ("--ctx-size", f"{s.ctx_size} ({s.ctx_per_slot} per slot)"),
+            ("--kv-unified", "on" if s.kv_unified else "off"),
+            ("--cache-type-k/v", f"{s.cache_type_k}/{s.cache_type_v}"),
+            ("--flash-attn", "on" if s.flash_attn else "off"),
+            ("--threads", str(s.threads)),
+            ("--batch/ubatch", f"{s.batch_size}/{s.ubatch_size}"),
+            ("--load-mode", "mmap" if s.mmap else "none"),
+            ("--cache-ram", f"{s.cache_ram_mib} MiB"),
+        ]
+    if p.vllm:
+        v = p.vllm
+        rows += [
+            ("--max-model-len", str(v.max_model_len)),
+            ("--max-num-seqs", str(v.max_num_seqs)),
+            ("--gpu-memory-utilization", f"{v.gpu_memory_utilization:.2f}"),
+            ("--tensor-parallel-size", str(v.tensor_parallel_size)),
+            ("--kv-cache-dtype", v.kv_cache_dtype),
+            ("--dtype", v.dtype),
+            ("KV capacity", f"{v.kv_cache_tokens} tokens"),
+        ]
+    r = p.resources
+    rows += [
+        ("cpu request", f"{r.cpu_request:g}"),
+        ("memory request/limit",
+         f"{gib(r.memory_request_bytes)} / {gib(r.memory_limit_bytes)} GiB"),
+        ("memory note", r.memory_note),
+    ]
+    return rows
+
+
+def format_plan(p: Plan) -> str:
+    rows = _rows(p)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += ["", f"verdict: {'FEASIBLE' if p.feasible else 'DOES NOT FIT'}: {p.reason}"]
+    lines += [f"warning: {w}" for w in p.warnings]
+    if p.alternatives:
+        lines.append("alternatives that fit:")
+        lines += [f"  - {a.describe()}" for a in p.alternatives]
+    elif not p.feasible:
+        lines.append("no single change fits")
+    return "\n".join(lines)
+
+
+def _load_extra_profiles(path: Path | None) -> Mapping[str, Any] | None:
+    if path is None:
+        return None
+    import yaml
+
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of profile name -> fields")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profiles = load_profiles(_load_extra_profiles(args.profiles))
+        request = PlanRequest(
+            facts=_facts(args),
+            quantization=args.quantization,
+            engine=args.engine,
+            accelerator=args.accelerator,
+            count=args.count,
+            context_length=args.context,
+            concurrency=args.concurrency,
+            kv_cache_type=args.kv_cache_type,
+            kv_unified=args.kv_unified,
+            mmap=not args.no_mmap,
+            allow_partial_offload=args.allow_partial_offload,
+            node_memory_bytes=int(args.node_memory_gib * 1024**3) if args.node_memory_gib else None,
+            cpu_cores=args.cpu_cores,
+        )
+        result = plan(request, profiles)
+    except (ValueError, OSError) as exc:
+        print(f"glm-operator plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    else:
+        print(format_plan(result))
+    return 0 if result.feasible else 1

@@ -1,0 +1,221 @@
+"""The memory model: bytes of weights, KV cache and compute buffers. Pure arithmetic.
+
+Every formula here is written out, with its sources and worked examples, in
+docs/planning.md. Change both together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal
+
+from glm_operator.planning.facts import ModelFacts
+
+MiB = 1024**2
+GiB = 1024**3
+
+WeightFormat = Literal["gguf", "hf"]
+
+
+@dataclass(frozen=True)
+class QuantizationType:
+    name: str
+    bits_per_weight: float  # whole-model average, including scales and the tensors kept wider
+    format: WeightFormat
+
+
+# Average bits per weight of a whole model in each quantization. GGUF figures are llama.cpp's
+# quantization mixes measured over whole models (token embedding and output kept wider, block
+# scales included), so they sit above the nominal bit width. HF figures include group scales
+# (AWQ/GPTQ int4 with group size 128: 4 + 16/128 scale + zero point ~ 4.25).
+# Ordered largest first within each format: "a smaller quantization" is a later entry.
+QUANTIZATIONS: tuple[QuantizationType, ...] = (
+    QuantizationType("F32", 32.0, "gguf"),
+    QuantizationType("F16", 16.0, "gguf"),
+    QuantizationType("BF16", 16.0, "gguf"),
+    QuantizationType("Q8_0", 8.5, "gguf"),
+    QuantizationType("Q6_K", 6.56, "gguf"),
+    QuantizationType("Q5_K_M", 5.69, "gguf"),
+    QuantizationType("Q5_K_S", 5.54, "gguf"),
+    QuantizationType("Q5_1", 6.0, "gguf"),
+    QuantizationType("Q5_0", 5.5, "gguf"),
+    QuantizationType("Q4_K_M", 4.85, "gguf"),
+    QuantizationType("Q4_K_S", 4.58, "gguf"),
+    QuantizationType("Q4_1", 5.0, "gguf"),
+    QuantizationType("Q4_0", 4.55, "gguf"),
+    QuantizationType("IQ4_NL", 4.5, "gguf"),
+    QuantizationType("IQ4_XS", 4.25, "gguf"),
+    QuantizationType("MXFP4_MOE", 4.25, "gguf"),
+    QuantizationType("Q3_K_L", 4.27, "gguf"),
+    QuantizationType("Q3_K_M", 3.91, "gguf"),
+    QuantizationType("Q3_K_S", 3.5, "gguf"),
+    QuantizationType("IQ3_M", 3.66, "gguf"),
+    QuantizationType("IQ3_XXS", 3.06, "gguf"),
+    QuantizationType("Q2_K", 3.0, "gguf"),
+    QuantizationType("IQ2_M", 2.7, "gguf"),
+    QuantizationType("IQ2_XS", 2.31, "gguf"),
+    QuantizationType("IQ1_M", 1.75, "gguf"),
+    QuantizationType("fp32", 32.0, "hf"),
+    QuantizationType("bf16", 16.0, "hf"),
+    QuantizationType("fp16", 16.0, "hf"),
+    QuantizationType("fp8", 8.0, "hf"),
+    QuantizationType("int8", 8.0, "hf"),
+    QuantizationType("w8a8", 8.0, "hf"),
+    QuantizationType("gptq-int8", 8.25, "hf"),
+    QuantizationType("awq", 4.25, "hf"),
+    QuantizationType("gptq", 4.25, "hf"),
+    QuantizationType("w4a16", 4.25, "hf"),
+    QuantizationType("mxfp4", 4.25, "hf"),
+)
+_QUANT_BY_NAME = {q.name.lower(): q for q in QUANTIZATIONS}
+# The ladder the "smaller quantization" alternative walks down, per format.
+QUANTIZATION_LADDER: dict[WeightFormat, tuple[str, ...]] = {
+    "gguf": ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K"),
+    "hf": ("bf16", "fp8", "awq"),
+}
+
+
+def quantization(name: str) -> QuantizationType:
+    try:
+        return _QUANT_BY_NAME[name.lower()]
+    except KeyError:
+        known = ", ".join(q.name for q in QUANTIZATIONS)
+        raise ValueError(f"unknown quantization {name!r}; known: {known}") from None
+
+
+# KV cache element types: bytes per value as a fraction (ggml block size / values per block).
+KV_CACHE_TYPES: dict[str, Fraction] = {
+    "f32": Fraction(4),
+    "f16": Fraction(2),
+    "bf16": Fraction(2),
+    "q8_0": Fraction(34, 32),
+    "q5_1": Fraction(24, 32),
+    "q5_0": Fraction(22, 32),
+    "q4_1": Fraction(20, 32),
+    "q4_0": Fraction(18, 32),
+    "iq4_nl": Fraction(18, 32),
+    # vLLM spellings
+    "auto": Fraction(2),
+    "fp8": Fraction(1),
+    "fp8_e4m3": Fraction(1),
+    "fp8_e5m2": Fraction(1),
+}
+LLAMACPP_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+VLLM_KV_TYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+_QUANT_BLOCK = 32  # values per block of every quantized KV type above
+
+
+def kv_row_bytes(values: int, cache_type: str) -> int:
+    """Bytes of one row of `values` elements of a KV type (ggml_row_size)."""
+    per_value = KV_CACHE_TYPES[cache_type]
+    if per_value.denominator != 1 and values % _QUANT_BLOCK:
+        raise ValueError(
+            f"KV type {cache_type} stores blocks of {_QUANT_BLOCK}; a row of {values} values "
+            "is not a whole number of blocks"
+        )
+    return int(per_value * values)
+
+
+def kv_layers(facts: ModelFacts) -> int:
+    """Layers that hold KV cache: the trunk plus the nextn (MTP) layers.
+
+    Counting the nextn layers is the conservative reading: vLLM with MTP speculative
+    decoding and llama.cpp builds before the MTP work allocate KV for them. The pinned
+    llama.cpp (llama-cpp-python 0.3.36) filters them out of the main context's cache, so for
+    a GLM-4.5 GGUF this overstates KV by 1/(n_layer + 1), about 2 %.
+    """
+    return facts.block_count + facts.nextn_predict_layers
+
+
+def kv_bytes_per_token(
+    facts: ModelFacts, type_k: str, type_v: str, *, kv_heads_share: Fraction = Fraction(1)
+) -> int:
+    """sum over layers of n_embd_k_gqa * bytes(type_k) + n_embd_v_gqa * bytes(type_v).
+
+    `kv_heads_share` is the fraction of the KV heads one device holds (tensor parallel).
+    """
+    k = kv_row_bytes(facts.n_embd_k_gqa, type_k)
+    v = kv_row_bytes(facts.n_embd_v_gqa, type_v)
+    return int(kv_layers(facts) * (k + v) * kv_heads_share)
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def estimated_parameters(facts: ModelFacts) -> int | None:
+    """Total parameters: declared, else back-computed from a measured size."""
+    if facts.parameter_count:
+        return facts.parameter_count
+    if facts.weights_bytes and facts.quantization:
+        bpw = quantization(facts.quantization).bits_per_weight
+        return int(facts.weights_bytes * 8 / bpw)
+    return None
+
+
+@dataclass(frozen=True)
+class WeightsEstimate:
+    bytes: int
+    measured: bool  # True: the artifact's measured size; False: parameters x bits per weight
+    basis: str
+
+
+def weights_bytes(facts: ModelFacts, quant: str) -> WeightsEstimate:
+    """Bytes of the weights in `quant`: measured when the facts measured that quantization."""
+    q = quantization(quant)
+    if facts.weights_bytes and facts.quantization and facts.quantization.lower() == quant.lower():
+        return WeightsEstimate(facts.weights_bytes, True, f"measured size of the {q.name} file")
+    params = estimated_parameters(facts)
+    if params is None:
+        raise ValueError(
+            "model facts give neither parameter_count nor a measured size: cannot size the weights"
+        )
+    return WeightsEstimate(
+        int(params * q.bits_per_weight / 8),
+        False,
+        f"{params / 1e9:.2f}B parameters x {q.bits_per_weight} bits per weight ({q.name})",
+    )
+
+
+def vocab_size(facts: ModelFacts) -> int:
+    # GLM-4 family vocabulary (151552) as the fallback: over-estimating logits is safe.
+    return facts.vocab_size or 151552
+
+
+def llamacpp_compute_bytes(
+    facts: ModelFacts, *, n_ubatch: int, n_kv: int, flash_attention: bool
+) -> int:
+    """llama.cpp's compute buffer for the worst-case prompt-processing graph.
+
+    The graph allocator reuses memory, so the buffer is the largest live set: the f32
+    logits of one micro-batch (n_ubatch x n_vocab x 4; llama.cpp reserves one output per
+    token of the micro-batch), plus f32 activations (about 8 rows of n_embd per token), plus
+    without flash attention the f32 KQ matrix of one layer (n_ubatch x n_kv x n_head x 4),
+    where n_kv is the KV length one sequence attends (the per-slot context, or the whole
+    context with a unified cache).
+    """
+    logits = n_ubatch * vocab_size(facts) * 4
+    activations = n_ubatch * facts.embedding_length * 4 * 8
+    attention = 0 if flash_attention else n_ubatch * n_kv * facts.head_count * 4
+    return logits + activations + attention
+
+
+def vllm_activation_bytes(
+    facts: ModelFacts, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int
+) -> int:
+    """vLLM's profiled peak outside weights and KV, per GPU.
+
+    vLLM measures it with a dummy forward pass of max_num_batched_tokens tokens: about 16
+    bf16 rows of n_embd per token for the hidden states, QKV and MLP intermediates (split
+    across TP ranks except the residual stream), plus the sampler's f32 logits for
+    max_num_seqs sequences (kept twice: logits and probabilities).
+    """
+    hidden = max_num_batched_tokens * facts.embedding_length * 2
+    per_gpu = hidden * 4 + hidden * 12 // tp
+    sampler = max_num_seqs * vocab_size(facts) * 4 * 2
+    return per_gpu + sampler
+
+
+VLLM_CUDA_GRAPH_BYTES = 1 * GiB  # graph capture for the default batch-size ladder
+VLLM_TP_COMMUNICATION_BYTES = 512 * MiB  # NCCL/HCCL buffers and custom all-reduce, when TP > 1

@@ -1,0 +1,616 @@
+"""plan(): model facts + what the user asked for -> engine settings and a memory verdict.
+
+Pure: no I/O, no Kubernetes. The memory model it applies lives in memory.py and is
+documented with worked examples in docs/planning.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+from glm_operator.planning import memory as mem
+from glm_operator.planning.accelerators import (
+    PROFILES,
+    AcceleratorProfile,
+    Engine,
+    get_profile,
+)
+from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.memory import GiB, MiB
+
+# Memory that must stay free on every device for a llama.cpp plan (fragmentation, driver
+# growth, a monitoring agent): 5 % of the device. vLLM's margin is 1 - gpu_memory_utilization.
+LLAMACPP_RESERVE_FRACTION = Fraction(5, 100)
+VLLM_GPU_MEMORY_UTILIZATION = 0.90
+VLLM_MAX_NUM_BATCHED_TOKENS = 8192
+VLLM_BLOCK_SIZE = 16
+LLAMACPP_N_BATCH = 2048
+LLAMACPP_N_UBATCH = 512
+LLAMACPP_CTX_PAD = 256  # llama.cpp rounds the per-sequence context up to 256
+LLAMACPP_GPU_THREADS = 4  # with every layer on the GPU the CPU only feeds it
+# Host RAM for llama-server's prompt cache (--cache-ram). Its default (8192 MiB) is never
+# left implicit: on a GPU node host RAM is cheap, on a CPU node RAM is the KV's home.
+LLAMACPP_PROMPT_CACHE_MIB_GPU = 2048
+LLAMACPP_PROMPT_CACHE_MIB_CPU = 0
+HOST_PROCESS_BYTES = 512 * MiB  # engine process, tokenizer, HTTP threads
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    facts: ModelFacts
+    quantization: str
+    engine: Engine
+    accelerator: str
+    count: int = 1  # devices per replica (tensor parallel for vLLM, layer split for llama.cpp)
+    context_length: int = 8192  # tokens one request may use
+    concurrency: int = 1  # requests served at once at full context
+    kv_cache_type: str | None = None  # None: f16 (llama.cpp) / auto (vLLM)
+    kv_unified: bool = False  # llama.cpp: one KV buffer all slots share
+    long_context: bool = False  # the overflow pool: one request at a time by default
+    mmap: bool = True  # llama.cpp load mode
+    allow_partial_offload: bool = False  # llama.cpp: keep some layers in host RAM
+    node_memory_bytes: int | None = None  # CPU profile: RAM a replica may use (overrides)
+    cpu_cores: int | None = None  # CPU profile: cores a replica may use (overrides)
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
+        if self.context_length < 256:
+            raise ValueError(f"context_length must be >= 256, got {self.context_length}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.engine not in ("llamacpp", "vllm"):
+            raise ValueError(f"engine must be llamacpp or vllm, got {self.engine!r}")
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on the most loaded device (GPU/NPU), or in node RAM for CPU plans."""
+
+    weights: int
+    kv: int
+    compute: int  # compute buffers / activations / CUDA graphs
+    overhead: int  # runtime: CUDA context, CANN, NCCL; engine process on CPU
+    reserved: int  # must stay free (5 % for llama.cpp, 1 - utilization for vLLM)
+    available: int  # device memory (or node RAM)
+    weights_measured: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.overhead
+
+    @property
+    def headroom(self) -> int:
+        """Free after everything and the reserve; negative when it does not fit."""
+        return self.available - self.reserved - self.total
+
+
+@dataclass(frozen=True)
+class LlamaCppSettings:
+    n_gpu_layers: int
+    parallel: int
+    ctx_size: int  # total (--ctx-size)
+    ctx_per_slot: int
+    kv_unified: bool
+    cache_type_k: str
+    cache_type_v: str
+    flash_attn: bool
+    threads: int
+    batch_size: int
+    ubatch_size: int
+    mmap: bool
+    cache_ram_mib: int
+    fit: bool = False  # the pinned llama-server's --fit would override the plan: keep it off
+    tensor_split: tuple[int, ...] = ()  # layers per device when count > 1
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    tensor_parallel_size: int
+    kv_cache_dtype: str
+    dtype: str  # auto, or float16 where bf16 is missing (V100)
+    max_num_batched_tokens: int
+    kv_cache_tokens: int  # what the KV budget holds at this utilization (all GPUs together)
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu_request: float  # cores
+    memory_request_bytes: int
+    memory_limit_bytes: int
+    devices: int  # accelerator devices requested
+    resource_name: str | None
+    shared_memory_bytes: int  # /dev/shm (emptyDir, Medium=Memory) for TP communication
+    memory_note: str
+
+
+@dataclass(frozen=True)
+class Alternative:
+    change: str  # what differs, e.g. "KV cache q8_0"
+    settings: Mapping[str, Any]  # the PlanRequest fields that change
+    headroom_bytes: int
+    plan: Plan = field(repr=False, compare=False)
+
+    def describe(self) -> str:
+        return f"{self.change} fits with {gib(self.headroom_bytes)} GiB headroom"
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: PlanRequest
+    profile: AcceleratorProfile
+    feasible: bool
+    reason: str
+    memory: MemoryBreakdown
+    kv_bytes_per_token: int  # whole model, one token, chosen KV types
+    weights_basis: str
+    resources: Resources
+    llamacpp: LlamaCppSettings | None = None
+    vllm: VllmSettings | None = None
+    alternatives: tuple[Alternative, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly form for GLMService status and `glm-operator plan --json`."""
+        out: dict[str, Any] = {
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "engine": self.request.engine,
+            "accelerator": self.profile.name,
+            "count": self.request.count,
+            "quantization": self.request.quantization,
+            "contextLength": self.request.context_length,
+            "concurrency": self.request.concurrency,
+            "memory": {
+                "weightsBytes": self.memory.weights,
+                "kvBytes": self.memory.kv,
+                "computeBytes": self.memory.compute,
+                "overheadBytes": self.memory.overhead,
+                "reservedBytes": self.memory.reserved,
+                "totalBytes": self.memory.total,
+                "availableBytes": self.memory.available,
+                "headroomBytes": self.memory.headroom,
+            },
+            "kvBytesPerToken": self.kv_bytes_per_token,
+            "resources": asdict(self.resources),
+            "alternatives": [
+                {"change": a.change, "headroomBytes": a.headroom_bytes, **dict(a.settings)}
+                for a in self.alternatives
+            ],
+        }
+        if self.llamacpp:
+            out["llamacpp"] = asdict(self.llamacpp)
+        if self.vllm:
+            out["vllm"] = asdict(self.vllm)
+        return out
+
+
+def gib(value: int) -> str:
+    return f"{value / GiB:.1f}"
+
+
+class PlanInputError(ValueError):
+    """The request cannot be planned at all (as opposed to: planned, does not fit)."""
+
+
+def plan(
+    request: PlanRequest,
+    profiles: Mapping[str, AcceleratorProfile] | None = None,
+    *,
+    with_alternatives: bool = True,
+) -> Plan:
+    """Plan one replica. Never raises for "does not fit": that is `feasible=False`."""
+    catalog = PROFILES if profiles is None else profiles
+    profile = get_profile(request.accelerator, catalog)
+    result = _plan_one(request, profile)
+    if not result.feasible and with_alternatives:
+        result = replace(result, alternatives=tuple(_alternatives(request, catalog)))
+    return result
+
+
+def _unfit_reason(p: Plan) -> str:
+    what = "node RAM" if p.profile.is_cpu else "per device"
+    return (
+        f"needs {gib(p.memory.total + p.memory.reserved)} GiB {what} "
+        f"(weights {gib(p.memory.weights)}, KV {gib(p.memory.kv)}, "
+        f"buffers {gib(p.memory.compute + p.memory.overhead)}, reserve {gib(p.memory.reserved)}); "
+        f"{p.profile.name} has {gib(p.memory.available)} GiB: "
+        f"short by {gib(-p.memory.headroom)} GiB"
+    )
+
+
+def _plan_one(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
+    problem = _compatibility_problem(request, profile)
+    if request.engine == "vllm":
+        result = _plan_vllm(request, profile)
+    else:
+        result = _plan_llamacpp(request, profile)
+    if problem:
+        return replace(result, feasible=False, reason=problem)
+    return result
+
+
+def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) -> str | None:
+    facts = request.facts
+    q = mem.quantization(request.quantization)
+    if request.engine not in profile.engines:
+        runs = ", ".join(profile.engines)
+        return f"{profile.name} does not run {request.engine} (it runs {runs})"
+    if request.engine == "llamacpp" and q.format != "gguf":
+        return f"llama.cpp serves GGUF quantizations; {q.name} is a Hugging Face format"
+    if request.engine == "vllm" and q.format != "hf":
+        return f"vLLM serves safetensors quantizations; {q.name} is a GGUF type"
+    if request.count > profile.max_devices_per_node:
+        return (
+            f"{request.count} x {profile.name} per replica exceeds the "
+            f"{profile.max_devices_per_node} devices of one node (a replica never spans nodes)"
+        )
+    if profile.is_cpu and request.count != 1:
+        return "a CPU replica has count 1"
+    if request.context_length > facts.context_length:
+        return (
+            f"context {request.context_length} exceeds the model's trained context "
+            f"{facts.context_length}"
+        )
+    if q.name in ("fp8",) and not (profile.vendor == "nvidia" and (profile.fp8 or profile.bf16)):
+        return f"{profile.name} cannot run fp8 weights"
+    if request.engine == "vllm":
+        if facts.head_count % request.count:
+            return (
+                f"tensor parallel size {request.count} must divide the {facts.head_count} "
+                "attention heads"
+            )
+        if (request.kv_cache_type or "auto").startswith("fp8") and not profile.fp8:
+            return f"{profile.name} has no fp8 KV cache"
+    if request.engine == "llamacpp":
+        kv_type = request.kv_cache_type or "f16"
+        if kv_type not in mem.LLAMACPP_KV_TYPES:
+            return f"llama.cpp KV cache type must be one of {', '.join(mem.LLAMACPP_KV_TYPES)}"
+        if kv_type == "bf16" and not profile.bf16:
+            return f"{profile.name} has no bf16: use f16 or q8_0 for the KV cache"
+    elif (request.kv_cache_type or "auto") not in mem.VLLM_KV_TYPES:
+        return f"vLLM kv_cache_dtype must be one of {', '.join(mem.VLLM_KV_TYPES)}"
+    return None
+
+
+# ---------------------------------------------------------------- llama.cpp
+
+
+def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
+    facts = request.facts
+    kv_type = request.kv_cache_type or "f16"
+    if kv_type not in mem.LLAMACPP_KV_TYPES:
+        kv_type = "f16"  # reported as incompatible by _compatibility_problem
+    # A quantized V cache needs flash attention; without it only K is quantized.
+    type_k = kv_type
+    type_v = kv_type if (profile.flash_attention or kv_type in ("f16", "f32", "bf16")) else "f16"
+    slots = 1 if request.long_context and request.concurrency == 1 else request.concurrency
+    per_slot = mem.round_up(request.context_length, LLAMACPP_CTX_PAD)
+    ctx_total = per_slot * slots
+    n_kv_attended = ctx_total if request.kv_unified else per_slot
+    kv_per_token = mem.kv_bytes_per_token(facts, type_k, type_v)
+    kv_total = kv_per_token * ctx_total
+    weights = mem.weights_bytes(facts, request.quantization)
+    compute = mem.llamacpp_compute_bytes(
+        facts,
+        n_ubatch=LLAMACPP_N_UBATCH,
+        n_kv=n_kv_attended,
+        flash_attention=profile.flash_attention,
+    )
+    warnings: list[str] = []
+    if type_v != type_k:
+        warnings.append(f"{profile.name} has no flash attention: V cache stays f16")
+    # Layers as llama.cpp counts them for -ngl: trunk + nextn, and the output layer as one more.
+    n_layers = facts.block_count + facts.nextn_predict_layers
+    units = n_layers + 1
+    cores = request.cpu_cores or profile.cpu_cores
+
+    if profile.is_cpu:
+        available = request.node_memory_bytes or profile.memory_bytes
+        breakdown = mem_breakdown(
+            weights=weights.bytes,
+            kv=kv_total,
+            compute=compute,
+            overhead=profile.runtime_overhead_bytes + LLAMACPP_PROMPT_CACHE_MIB_CPU * MiB,
+            reserved=int(available * LLAMACPP_RESERVE_FRACTION),
+            available=available,
+            measured=weights.measured,
+        )
+        n_gpu_layers = 0
+        tensor_split: tuple[int, ...] = ()
+        threads = cores
+        host_request = breakdown.total
+        note = (
+            "weights counted in request and limit: with mmap they are page cache charged to the "
+            "pod (a lower limit thrashes re-reading the file), loaded they are anonymous memory "
+            "(a lower limit is an OOM kill)"
+            if request.mmap
+            else "weights loaded into anonymous memory (--no-mmap): counted in request and limit"
+        )
+        cache_ram = LLAMACPP_PROMPT_CACHE_MIB_CPU
+    else:
+        available = profile.memory_bytes
+        count = request.count
+        per_device_units = -(-units // count)
+        tensor_split = _split(units, count)
+        share = Fraction(per_device_units, units)
+        breakdown = mem_breakdown(
+            weights=int(weights.bytes * share),
+            kv=int(kv_total * Fraction(min(per_device_units, n_layers), n_layers)),
+            compute=compute,
+            overhead=profile.runtime_overhead_bytes,
+            reserved=int(available * LLAMACPP_RESERVE_FRACTION),
+            available=available,
+            measured=weights.measured,
+        )
+        n_gpu_layers = units  # every layer and the output layer
+        host_weights = 0
+        if breakdown.headroom < 0 and request.allow_partial_offload:
+            n_gpu_layers, breakdown, host_weights = _partial_offload(
+                breakdown, weights.bytes, kv_total, n_layers, count
+            )
+            if n_gpu_layers < units:
+                warnings.append(
+                    f"{units - n_gpu_layers} of {units} layers run on the CPU: "
+                    "expect a large slowdown"
+                )
+        threads = cores if n_gpu_layers < units else min(LLAMACPP_GPU_THREADS, cores)
+        cache_ram = LLAMACPP_PROMPT_CACHE_MIB_GPU
+        host_request = HOST_PROCESS_BYTES + cache_ram * MiB + host_weights + compute // 4
+        note = (
+            "offloaded weights pass through page cache only while loading (clean, reclaimable): "
+            "not counted; host RAM = engine process + prompt cache"
+            + (" + CPU-resident layers" if host_weights else "")
+        )
+    limit = host_request + max(GiB, host_request // 10)
+    resources = Resources(
+        cpu_request=float(cores if profile.is_cpu else threads),
+        memory_request_bytes=mem.round_up(host_request, MiB),
+        memory_limit_bytes=mem.round_up(limit, MiB),
+        devices=0 if profile.is_cpu else request.count,
+        resource_name=profile.resource_name,
+        shared_memory_bytes=0,
+        memory_note=note,
+    )
+    settings = LlamaCppSettings(
+        n_gpu_layers=n_gpu_layers,
+        parallel=slots,
+        ctx_size=ctx_total,
+        ctx_per_slot=per_slot,
+        kv_unified=request.kv_unified,
+        cache_type_k=type_k,
+        cache_type_v=type_v,
+        flash_attn=profile.flash_attention,
+        threads=threads,
+        batch_size=LLAMACPP_N_BATCH,
+        ubatch_size=LLAMACPP_N_UBATCH,
+        mmap=request.mmap,
+        cache_ram_mib=cache_ram,
+        tensor_split=tensor_split if request.count > 1 else (),
+    )
+    return _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+                   warnings, llamacpp=settings)
+
+
+def _split(units: int, count: int) -> tuple[int, ...]:
+    base, extra = divmod(units, count)
+    return tuple(base + (1 if i < extra else 0) for i in range(count))
+
+
+def _partial_offload(
+    full: MemoryBreakdown, weights: int, kv_total: int, n_layers: int, count: int
+) -> tuple[int, MemoryBreakdown, int]:
+    """The most layers (of n_layers + output) that fit; the rest stay in host RAM."""
+    units = n_layers + 1
+    fixed = full.compute + full.overhead + full.reserved
+    for ngl in range(units - 1, -1, -1):
+        per_device = -(-ngl // count) if ngl else 0
+        on_gpu_weights = weights * per_device // units
+        on_gpu_kv = kv_total * min(per_device, n_layers) // n_layers
+        if fixed + on_gpu_weights + on_gpu_kv <= full.available or ngl == 0:
+            host = weights * (units - ngl) // units + kv_total * (units - ngl) // units
+            return ngl, replace(full, weights=on_gpu_weights, kv=on_gpu_kv), host
+    raise AssertionError("unreachable")
+
+
+def mem_breakdown(
+    *,
+    weights: int,
+    kv: int,
+    compute: int,
+    overhead: int,
+    reserved: int,
+    available: int,
+    measured: bool,
+) -> MemoryBreakdown:
+    return MemoryBreakdown(weights, kv, compute, overhead, reserved, available, measured)
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
+    facts = request.facts
+    tp = request.count
+    kv_dtype = request.kv_cache_type or "auto"
+    if kv_dtype not in mem.VLLM_KV_TYPES:
+        kv_dtype = "auto"
+    weights = mem.weights_bytes(facts, request.quantization)
+    # KV heads are split across TP ranks; with more ranks than KV heads each rank keeps one.
+    heads_per_gpu = max(1, -(-facts.head_count_kv // tp))
+    share = Fraction(heads_per_gpu, facts.head_count_kv)
+    kv_per_token_gpu = mem.kv_bytes_per_token(facts, kv_dtype, kv_dtype, kv_heads_share=share)
+    kv_per_token = mem.kv_bytes_per_token(facts, kv_dtype, kv_dtype)
+    seqs = request.concurrency
+    tokens = mem.round_up(request.context_length, VLLM_BLOCK_SIZE) * seqs
+    kv_needed = kv_per_token_gpu * tokens
+    utilization = VLLM_GPU_MEMORY_UTILIZATION
+    available = profile.memory_bytes
+    activation = mem.vllm_activation_bytes(
+        facts, max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, max_num_seqs=seqs, tp=tp
+    )
+    overhead = profile.runtime_overhead_bytes + (mem.VLLM_TP_COMMUNICATION_BYTES if tp > 1 else 0)
+    breakdown = mem_breakdown(
+        weights=weights.bytes // tp,
+        kv=kv_needed,
+        compute=activation + mem.VLLM_CUDA_GRAPH_BYTES,
+        overhead=overhead,
+        reserved=available - int(available * utilization),
+        available=available,
+        measured=weights.measured,
+    )
+    kv_budget = breakdown.kv + breakdown.headroom
+    kv_tokens = max(0, kv_budget) // kv_per_token_gpu if kv_per_token_gpu else 0
+    warnings: list[str] = []
+    dtype = "auto" if profile.bf16 else "float16"
+    if not profile.bf16:
+        warnings.append(f"{profile.name} has no bf16: vLLM runs float16 (--dtype float16)")
+    settings = VllmSettings(
+        max_model_len=request.context_length,
+        max_num_seqs=seqs,
+        gpu_memory_utilization=utilization,
+        tensor_parallel_size=tp,
+        kv_cache_dtype=kv_dtype,
+        dtype=dtype,
+        max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS,
+        kv_cache_tokens=int(kv_tokens),
+    )
+    host = 4 * GiB + 2 * GiB * tp
+    resources = Resources(
+        cpu_request=float(2 + 2 * tp),
+        memory_request_bytes=host,
+        memory_limit_bytes=host + 4 * GiB,
+        devices=tp,
+        resource_name=profile.resource_name,
+        shared_memory_bytes=2 * GiB if tp > 1 else 0,
+        memory_note=(
+            "safetensors are read through page cache (reclaimable) and copied to the devices: "
+            "host RAM = API server + one worker per GPU"
+        ),
+    )
+    return _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+                   warnings, vllm=settings)
+
+
+def _finish(
+    request: PlanRequest,
+    profile: AcceleratorProfile,
+    breakdown: MemoryBreakdown,
+    kv_per_token: int,
+    weights_basis: str,
+    resources: Resources,
+    warnings: list[str],
+    *,
+    llamacpp: LlamaCppSettings | None = None,
+    vllm: VllmSettings | None = None,
+) -> Plan:
+    feasible = breakdown.headroom >= 0
+    result = Plan(
+        request=request,
+        profile=profile,
+        feasible=feasible,
+        reason="",
+        memory=breakdown,
+        kv_bytes_per_token=kv_per_token,
+        weights_basis=weights_basis,
+        resources=resources,
+        llamacpp=llamacpp,
+        vllm=vllm,
+        warnings=tuple(warnings),
+    )
+    if feasible:
+        where = "node RAM" if profile.is_cpu else f"per {profile.name} device"
+        reason = (
+            f"fits: {gib(breakdown.total)} GiB of {gib(breakdown.available)} GiB {where} "
+            f"(weights {gib(breakdown.weights)}, KV {gib(breakdown.kv)}, "
+            f"buffers {gib(breakdown.compute + breakdown.overhead)}), "
+            f"{gib(breakdown.headroom)} GiB headroom after a {gib(breakdown.reserved)} GiB reserve"
+        )
+    else:
+        reason = _unfit_reason(result)
+    return replace(result, reason=reason)
+
+
+# ---------------------------------------------------------------- alternatives
+
+
+def _alternatives(
+    request: PlanRequest, catalog: Mapping[str, AcceleratorProfile]
+) -> list[Alternative]:
+    """The nearest configurations that fit, one per kind of change, in the order a user
+    would usually try them."""
+    found: list[Alternative] = []
+
+    def attempt(change: str, **settings: Any) -> bool:
+        try:
+            candidate = _plan_one(replace(request, **settings), get_profile(
+                settings.get("accelerator", request.accelerator), catalog))
+        except ValueError:
+            return False
+        if candidate.feasible:
+            found.append(Alternative(change, settings, candidate.memory.headroom, candidate))
+            return True
+        return False
+
+    facts = request.facts
+    q = mem.quantization(request.quantization)
+    ladder = mem.QUANTIZATION_LADDER[q.format]
+    for name in ladder:
+        smaller = mem.quantization(name)
+        if smaller.bits_per_weight < q.bits_per_weight and attempt(
+            f"quantization {smaller.name}", quantization=smaller.name
+        ):
+            break
+
+    kv_now = request.kv_cache_type or ("f16" if request.engine == "llamacpp" else "auto")
+    kv_steps = ("q8_0", "q4_0") if request.engine == "llamacpp" else ("fp8",)
+    for kv in kv_steps:
+        if mem.KV_CACHE_TYPES[kv] < mem.KV_CACHE_TYPES[kv_now] and attempt(
+            f"KV cache {kv}", kv_cache_type=kv
+        ):
+            break
+
+    for slots in range(request.concurrency - 1, 0, -1):
+        if attempt(f"{slots} concurrent request{'s' if slots > 1 else ''}", concurrency=slots):
+            break
+
+    context = request.context_length
+    step = 1024
+    for ctx in range((context - 1) // step * step, step - 1, -step):
+        if attempt(f"context {ctx}", context_length=ctx):
+            break
+
+    profile = get_profile(request.accelerator, catalog)
+    if not profile.is_cpu:
+        for count in range(request.count + 1, profile.max_devices_per_node + 1):
+            if request.engine == "vllm" and facts.head_count % count:
+                continue
+            if attempt(f"{count} x {profile.name}", count=count):
+                break
+
+    bigger = sorted(
+        (p for p in catalog.values()
+         if p.memory_bytes > profile.memory_bytes and request.engine in p.engines
+         and p.is_cpu == profile.is_cpu),
+        key=lambda p: p.memory_bytes,
+    )
+    for other in bigger:
+        if attempt(f"{request.count} x {other.name}" if not other.is_cpu else other.name,
+                   accelerator=other.name):
+            break
+
+    if request.engine == "llamacpp" and not profile.is_cpu and not request.allow_partial_offload:
+        partial = _plan_one(replace(request, allow_partial_offload=True), profile)
+        settings = partial.llamacpp
+        if partial.feasible and settings and settings.n_gpu_layers > 0:
+            layers = facts.block_count + facts.nextn_predict_layers + 1
+            found.append(Alternative(
+                f"partial CPU offload ({settings.n_gpu_layers}/{layers} layers on the GPU)",
+                {"allow_partial_offload": True}, partial.memory.headroom, partial))
+    return found
