@@ -239,6 +239,7 @@ class ModelVersionSpec(SpecModel):
     sha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,
+        max_length=64,
         description="Expected SHA-256 (lowercase hex) of the file; verified after download.",
     )
     cache: ModelCache = Field(

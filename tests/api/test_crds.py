@@ -1,0 +1,179 @@
+"""The generated CRDs are structural, carry the promised rules, and match what is committed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from glm_operator.api import cli
+from glm_operator.api.crdgen import (
+    GLMSERVICE_KIND,
+    MODELVERSION_KIND,
+    crd,
+    crd_errors,
+    structural_errors,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spec_schema(definition: dict[str, Any]) -> dict[str, Any]:
+    schema: dict[str, Any] = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def rules_of(node: dict[str, Any]) -> list[str]:
+    return [rule["rule"] for rule in node.get("x-kubernetes-validations", [])]
+
+
+def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [node]
+    for prop in node.get("properties", {}).values():
+        nodes += walk(prop)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            nodes += walk(node[key])
+    return nodes
+
+
+def test_committed_files_match_the_types(tmp_path: Path) -> None:
+    cli.write_generated(tmp_path)
+    stale = [
+        relative
+        for relative in cli.generated_files()
+        if not (REPO / relative).exists()
+        or (REPO / relative).read_text() != (tmp_path / relative).read_text()
+    ]
+    assert not stale, f"generated files are stale: {stale}; run `make crds` and commit"
+
+
+def test_check_mode_reports_stale_files(tmp_path: Path) -> None:
+    args = argparse.Namespace(root=tmp_path, check=True)
+    assert cli.run(args) == 1
+    assert cli.run(argparse.Namespace(root=tmp_path, check=False)) == 0
+    assert cli.run(args) == 0
+    (tmp_path / "crds" / cli.crd_filename("glmservices")).write_text("edited")
+    assert cli.run(args) == 1
+
+
+@pytest.mark.parametrize("kind", [GLMSERVICE_KIND, MODELVERSION_KIND], ids=lambda k: k.kind)
+def test_crds_are_structural_and_bounded(kind: Any) -> None:
+    definition = crd(kind)
+    assert crd_errors(definition) == []
+    schema = spec_schema(definition)
+    for node in walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node
+
+
+def test_structural_check_catches_the_usual_mistakes() -> None:
+    errors = structural_errors(
+        {
+            "type": "object",
+            "properties": {
+                "untyped": {"description": "x"},
+                "unbounded": {"type": "string"},
+                "list": {"type": "array", "items": {"type": "integer"}},
+                "both": {"type": "object", "properties": {}, "additionalProperties": {}},
+                "ref": {"$ref": "#/x", "type": "object"},
+            },
+        }
+    )
+    joined = "\n".join(errors)
+    for expected in (
+        ".untyped: no type",
+        ".unbounded: string without maxLength",
+        ".list: array without maxItems",
+        ".both: properties and additionalProperties together",
+        ".ref: keys not allowed",
+    ):
+        assert expected in joined
+
+
+def test_glmservice_crd_shape() -> None:
+    definition = crd(GLMSERVICE_KIND)
+    assert definition["metadata"]["name"] == "glmservices.serving.glm-operator.dev"
+    names = definition["spec"]["names"]
+    assert names["shortNames"] == ["glms"] and "glm" in names["categories"]
+    version = definition["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    for name in (
+        "Engine",
+        "Accelerator",
+        "Model version",
+        "Ready replicas",
+        "Canary weight",
+        "Age",
+    ):
+        assert name in columns
+    spec = spec_schema(definition)["properties"]["spec"]
+    props = spec["properties"]
+    assert props["engine"]["enum"] == ["llamacpp", "vllm"]
+    assert props["contextLength"]["default"] == 8192
+    assert (props["contextLength"]["minimum"], props["contextLength"]["maximum"]) == (512, 1048576)
+    assert props["accelerator"]["properties"]["count"]["default"] == 1
+    spec_rules = " ".join(rules_of(spec))
+    assert "has(self.replicas) && has(self.autoscaling)" in spec_rules
+    assert "self.engine != 'vllm'" in spec_rules
+    assert "self.longContext.contextLength > self.contextLength" in spec_rules
+    autoscaling = props["autoscaling"]
+    assert rules_of(autoscaling) == ["self.minReplicas <= self.maxReplicas"]
+    steps = props["rollout"]["properties"]["steps"]
+    assert steps["x-kubernetes-list-type"] == "set"
+    assert (steps["items"]["minimum"], steps["items"]["maximum"]) == (1, 100)
+    assert rules_of(steps) == ["self.isSorted()"]
+    assert "--ctx-size" in rules_of(props["engineArgs"])[0]
+    conditions = spec_schema(definition)["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+
+
+def test_status_schema_has_no_defaults() -> None:
+    status = spec_schema(crd(GLMSERVICE_KIND))["properties"]["status"]
+    assert [n for n in walk(status) if "default" in n] == []
+
+
+def test_modelversion_crd_shape() -> None:
+    definition = crd(MODELVERSION_KIND)
+    version = definition["spec"]["versions"][0]
+    assert definition["spec"]["names"]["shortNames"] == ["mv"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    for name in ("Phase", "Format", "Quantization", "Architecture", "Size", "Age"):
+        assert name in columns
+    spec = spec_schema(definition)["properties"]["spec"]
+    source = spec["properties"]["source"]
+    assert rules_of(source) == ["self == oldSelf"]
+    uri_rule = rules_of(source["properties"]["uri"])[0]
+    for scheme in ("https?://", "s3://", "hf://", "pvc://"):
+        assert scheme in uri_rule
+    assert spec["properties"]["sha256"]["pattern"] == "^[a-f0-9]{64}$"
+    assert any("oldSelf.sha256" in rule for rule in rules_of(spec))
+
+
+def test_chart_carries_the_same_crds() -> None:
+    for plural in ("glmservices", "modelversions"):
+        name = cli.crd_filename(plural)
+        top = (REPO / "crds" / name).read_text()
+        assert top == (REPO / "charts" / "glm-operator" / "crds" / name).read_text()
+        assert yaml.safe_load(top)["kind"] == "CustomResourceDefinition"
+
+
+def test_api_reference_documents_the_version_fields() -> None:
+    text = cli.generated_files()[cli.API_DOC]
+    assert "`spec.modelVersion` and `status.stableModelVersion`" in text
+    assert "EngineFormatMismatch" in text
+    assert "### `spec.autoscaling.targets`" in text
+    assert "self.isSorted()" in text
