@@ -1,0 +1,193 @@
+"""The gateway's settings: one frozen dataclass, filled from CLI flags whose defaults come from
+`GLM_GATEWAY_*` environment variables (the renderer may set either)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Pool = Literal["main", "long-context"]
+POOLS: tuple[Pool, ...] = ("main", "long-context")
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+@dataclass(frozen=True)
+class WakeConfig:
+    """How to wake the long-context pool from zero: the Deployment's scale subresource."""
+
+    deployment: str
+    namespace: str
+    api_server: str
+    token_path: Path
+    ca_path: Path | None
+    health_path: str = "/readyz"
+    timeout_seconds: float = 300.0
+    poll_seconds: float = 0.5
+    retry_after_seconds: int = 30
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    engine_url: str
+    service_name: str
+    model_version: str = ""
+    pool: Pool = "main"
+    host: str = "0.0.0.0"
+    port: int = 8080
+    context_length: int = 0  # 0: read it from the engine (/props) at warm-up
+    engine_slots: int = 0  # 0: unknown, queued gauge counts only gateway-held requests
+    long_context_url: str | None = None
+    wake: WakeConfig | None = None
+    api_keys_path: Path | None = None
+    rate_limit_rps: float = 0.0  # per key; 0 disables
+    rate_limit_burst: int = 0  # 0: max(1, ceil(rps))
+    max_body_bytes: int = 4 * 1024 * 1024
+    stop_sequences: tuple[str, ...] = ()
+    audit: str = "off"  # off | stdout | a file path
+    audit_include_text: bool = False
+    connect_timeout_seconds: float = 2.0
+    read_timeout_seconds: float = 600.0
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pool == "long-context" and self.long_context_url:
+            raise ValueError("the long-context pool cannot overflow to another long-context pool")
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"service": self.service_name, "model_version": self.model_version,
+                "pool": self.pool}
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(f"GLM_GATEWAY_{name}", default)
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = _env(name)
+    if not raw:
+        return default
+    return raw.lower() in {"1", "true", "yes", "on"}
+
+
+def _default_namespace() -> str:
+    path = SERVICE_ACCOUNT_DIR / "namespace"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "default"
+
+
+def _default_api_server() -> str:
+    host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return f"https://{host}:{port}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--host", default=_env("HOST", "0.0.0.0"), help="listen address [GLM_GATEWAY_HOST]")
+    add("--port", type=int, default=int(_env("PORT", "8080")),
+        help="listen port [GLM_GATEWAY_PORT]")
+    add("--engine-url", default=_env("ENGINE_URL", "http://127.0.0.1:8081"),
+        help="the engine container's base URL [GLM_GATEWAY_ENGINE_URL]")
+    add("--service-name", default=_env("SERVICE_NAME"), required=not _env("SERVICE_NAME"),
+        help="the GLMService name; the model id in /v1/models [GLM_GATEWAY_SERVICE_NAME]")
+    add("--model-version", default=_env("MODEL_VERSION"),
+        help="the ModelVersion served; a metrics label [GLM_GATEWAY_MODEL_VERSION]")
+    add("--pool", choices=POOLS, default=_env("POOL", "main"), help="[GLM_GATEWAY_POOL]")
+    add("--context-length", type=int, default=int(_env("CONTEXT_LENGTH", "0")),
+        help="context per request the engine serves; 0 reads it from the engine "
+             "[GLM_GATEWAY_CONTEXT_LENGTH]")
+    add("--engine-slots", type=int, default=int(_env("ENGINE_SLOTS", "0")),
+        help="requests the engine runs at once (llama.cpp --parallel, vLLM --max-num-seqs); "
+             "requests beyond it count as queued [GLM_GATEWAY_ENGINE_SLOTS]")
+    add("--long-context-url", default=_env("LONG_CONTEXT_URL") or None,
+        help="the long-context pool's Service URL; requests too long for this engine go there "
+             "[GLM_GATEWAY_LONG_CONTEXT_URL]")
+    add("--long-context-deployment", default=_env("LONG_CONTEXT_DEPLOYMENT") or None,
+        help="the long-context Deployment to scale from zero [GLM_GATEWAY_LONG_CONTEXT_DEPLOYMENT]")
+    add("--long-context-health-path", default=_env("LONG_CONTEXT_HEALTH_PATH", "/readyz"),
+        help="path polled on the long-context URL while it wakes "
+             "[GLM_GATEWAY_LONG_CONTEXT_HEALTH_PATH]")
+    add("--wake-timeout", type=float, default=float(_env("WAKE_TIMEOUT", "300")),
+        help="seconds a long request waits for the long-context pool [GLM_GATEWAY_WAKE_TIMEOUT]")
+    add("--namespace", default=_env("NAMESPACE") or _default_namespace(),
+        help="namespace of the long-context Deployment [GLM_GATEWAY_NAMESPACE]")
+    add("--kube-api-server", default=_env("KUBE_API_SERVER") or _default_api_server(),
+        help="API server URL for the scale call [GLM_GATEWAY_KUBE_API_SERVER]")
+    add("--kube-token-path", type=Path,
+        default=Path(_env("KUBE_TOKEN_PATH", str(SERVICE_ACCOUNT_DIR / "token"))),
+        help="ServiceAccount token file, re-read on each call [GLM_GATEWAY_KUBE_TOKEN_PATH]")
+    add("--kube-ca-path", default=_env("KUBE_CA_PATH", str(SERVICE_ACCOUNT_DIR / "ca.crt")),
+        help="CA bundle for the API server; empty disables verification (tests only) "
+             "[GLM_GATEWAY_KUBE_CA_PATH]")
+    add("--api-keys", type=Path, default=Path(p) if (p := _env("API_KEYS")) else None,
+        help="a mounted Secret directory (each file one key) or a file (one key per line); "
+             "unset disables auth [GLM_GATEWAY_API_KEYS]")
+    add("--rate-limit-rps", type=float, default=float(_env("RATE_LIMIT_RPS", "0")),
+        help="requests per second per key, 0 = unlimited [GLM_GATEWAY_RATE_LIMIT_RPS]")
+    add("--rate-limit-burst", type=int, default=int(_env("RATE_LIMIT_BURST", "0")),
+        help="token bucket size per key; 0 = max(1, ceil(rps)) [GLM_GATEWAY_RATE_LIMIT_BURST]")
+    add("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(4 * 1024 * 1024))),
+        help="request body limit, 413 above it [GLM_GATEWAY_MAX_BODY_BYTES]")
+    add("--stop", action="append", default=None,
+        help="a stop sequence of the model, added to every request (repeatable) "
+             "[GLM_GATEWAY_STOP, newline-separated]")
+    add("--audit", default=_env("AUDIT", "off"),
+        help="off | stdout | a file path: one JSON line per request [GLM_GATEWAY_AUDIT]")
+    add("--audit-include-text", action="store_true",
+        default=_env_bool("AUDIT_INCLUDE_TEXT", False),
+        help="also write prompt and completion text [GLM_GATEWAY_AUDIT_INCLUDE_TEXT]")
+    add("--connect-timeout", type=float, default=float(_env("CONNECT_TIMEOUT", "2")),
+        help="seconds to connect to the engine before 503 [GLM_GATEWAY_CONNECT_TIMEOUT]")
+    add("--read-timeout", type=float, default=float(_env("READ_TIMEOUT", "600")),
+        help="seconds without a byte from the engine before 504 [GLM_GATEWAY_READ_TIMEOUT]")
+    add("--no-warmup", dest="warmup", action="store_false", default=_env_bool("WARMUP", True),
+        help="report ready without a warm-up request [GLM_GATEWAY_WARMUP=false]")
+
+
+def from_args(args: argparse.Namespace) -> GatewayConfig:
+    stops = args.stop if args.stop is not None else [s for s in _env("STOP").split("\n") if s]
+    wake = None
+    if args.long_context_deployment:
+        if not args.long_context_url:
+            raise ValueError("--long-context-deployment needs --long-context-url")
+        wake = WakeConfig(
+            deployment=args.long_context_deployment,
+            namespace=args.namespace,
+            api_server=args.kube_api_server.rstrip("/"),
+            token_path=args.kube_token_path,
+            ca_path=Path(args.kube_ca_path) if args.kube_ca_path else None,
+            health_path=args.long_context_health_path,
+            timeout_seconds=args.wake_timeout,
+        )
+    return GatewayConfig(
+        engine_url=args.engine_url.rstrip("/"),
+        service_name=args.service_name,
+        model_version=args.model_version,
+        pool=args.pool,
+        host=args.host,
+        port=args.port,
+        context_length=args.context_length,
+        engine_slots=args.engine_slots,
+        long_context_url=args.long_context_url.rstrip("/") if args.long_context_url else None,
+        wake=wake,
+        api_keys_path=args.api_keys,
+        rate_limit_rps=args.rate_limit_rps,
+        rate_limit_burst=args.rate_limit_burst,
+        max_body_bytes=args.max_body_bytes,
+        stop_sequences=tuple(stops),
+        audit=args.audit,
+        audit_include_text=args.audit_include_text,
+        connect_timeout_seconds=args.connect_timeout,
+        read_timeout_seconds=args.read_timeout,
+        warmup=args.warmup,
+    )

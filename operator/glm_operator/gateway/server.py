@@ -1,0 +1,452 @@
+"""The gateway's HTTP server: an OpenAI-compatible front for one engine container.
+
+The hot path is deliberately thin because the gateway shares CPU cores with the engine:
+the request body is parsed once for validation and sent on as the client's own bytes (it is
+re-encoded only when the model's stop sequences must be added), a streamed answer is copied
+chunk by chunk from the engine's socket to the client's without being parsed, and token
+counts come from a scan of the last chunk (see usage.py). One ClientSession with a pooled,
+keep-alive connector serves every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from glm_operator.gateway import errors
+from glm_operator.gateway.audit import AuditLog, AuditRecord
+from glm_operator.gateway.config import GatewayConfig
+from glm_operator.gateway.errors import GatewayError
+from glm_operator.gateway.keys import ApiKeyStore
+from glm_operator.gateway.metrics import GatewayMetrics
+from glm_operator.gateway.ratelimit import RateLimiter
+from glm_operator.gateway.usage import context_overflow, token_counts
+from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
+from glm_operator.gateway.wake import LongContextWaker, WakeError
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+CLIENT_CLOSED = 499  # nginx's code for "the client went away": audit and metrics use it
+STREAM_TAIL_CHUNKS = 4  # the last SSE events (usage / timings) always fit in these
+ANONYMOUS = "anonymous"
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics.create(config.service_name, config.model_version,
+                                             config.pool)
+        labels = self.metrics.labels
+        self._in_flight = self.metrics.in_flight.labels(**labels)
+        self._queued = self.metrics.queued.labels(**labels)
+        self._prompt_tokens = self.metrics.prompt_tokens.labels(**labels)
+        self._completion_tokens = self.metrics.completion_tokens.labels(**labels)
+        self._ready_gauge = self.metrics.ready.labels(**labels)
+        self.keys = ApiKeyStore(config.api_keys_path) if config.api_keys_path else None
+        self.limiter = (RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
+                        if config.rate_limit_rps > 0 else None)
+        self.audit = AuditLog(config.audit, {"service": config.service_name,
+                                             "model_version": config.model_version,
+                                             "pool": config.pool}, config.audit_include_text)
+        self.context_length = config.context_length
+        self.engine_slots = config.engine_slots
+        self.warmed = not config.warmup
+        self.started_at = int(time.time())
+        self._session: aiohttp.ClientSession | None = None
+        self._waker: LongContextWaker | None = None
+        self._warmup_task: asyncio.Task[None] | None = None
+        self._at_engine = 0
+        self._held = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the gateway is not started"
+        return self._session
+
+    def app(self) -> web.Application:
+        # client_max_size: aiohttp refuses larger bodies itself; we turn that into a JSON 413.
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app[GATEWAY_KEY] = self
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_endpoint)
+        app.router.add_route("*", "/{tail:.*}", self.not_found)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app: web.Application) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_seconds,
+                                        sock_read=self.config.read_timeout_seconds)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+        if self.config.wake is not None and self.config.long_context_url:
+            self._waker = LongContextWaker(
+                self.config.wake, self.config.long_context_url, self._session,
+                on_scale=self.metrics.wakes.labels(**self.metrics.labels).inc,
+            )
+        self._warmup_task = asyncio.create_task(self._warm_up())
+
+    async def _stop(self, _app: web.Application) -> None:
+        if self._warmup_task is not None:
+            self._warmup_task.cancel()
+        if self._session is not None:
+            await self._session.close()
+        self.audit.close()
+
+    async def _warm_up(self) -> None:
+        """Wait for the engine to load, answer one tiny request, learn its context and slots."""
+        delay = 0.2
+        while True:
+            try:
+                if await self._engine_healthy():
+                    await self._learn_engine_shape()
+                    if not self.warmed:
+                        async with self.session.post(
+                            self.config.engine_url + "/v1/completions",
+                            json={"prompt": "Hello", "max_tokens": 1, "temperature": 0},
+                        ) as response:
+                            await response.read()
+                            if response.status == 200:
+                                self.warmed = True
+                    if self.warmed:
+                        log.info("engine ready at %s (context %s, slots %s)",
+                                 self.config.engine_url, self.context_length, self.engine_slots)
+                        return
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.debug("engine not ready yet: %s", exc)
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 1.5)
+
+    async def _learn_engine_shape(self) -> None:
+        if self.context_length and self.engine_slots:
+            return
+        try:
+            async with self.session.get(self.config.engine_url + "/props") as response:
+                if response.status != 200:
+                    return
+                props: dict[str, Any] = await response.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return  # vLLM has no /props; the renderer passes both numbers there
+        settings = props.get("default_generation_settings") or {}
+        if not self.context_length and isinstance(settings.get("n_ctx"), int):
+            self.context_length = settings["n_ctx"]
+        if not self.engine_slots and isinstance(props.get("total_slots"), int):
+            self.engine_slots = props["total_slots"]
+
+    async def _engine_healthy(self) -> bool:
+        try:
+            async with self.session.get(self.config.engine_url + "/health",
+                                        timeout=aiohttp.ClientTimeout(total=2)) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    # --- plain endpoints -------------------------------------------------------------------
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        if not self.warmed:
+            return web.json_response({"status": "warming up"}, status=503)
+        if not await self._engine_healthy():
+            return web.json_response({"status": "engine not ready"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        self._ready_gauge.set(1 if self.warmed else 0)
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        return self._error(GatewayError(404, f"Unknown path {request.method} {request.path}.",
+                                        "invalid_request_error", None, "not_found"), "")
+
+    async def models(self, request: web.Request) -> web.Response:
+        rid = request.headers.get("X-Request-Id") or os.urandom(8).hex()
+        try:
+            self._authenticate(request)
+        except GatewayError as err:
+            return self._error(err, rid)
+        model = {
+            "id": self.config.service_name,
+            "object": "model",
+            "created": self.started_at,
+            "owned_by": "glm-operator",
+            "context_length": self.context_length,
+            "max_model_len": self.context_length,
+            "model_version": self.config.model_version,
+            "pool": self.config.pool,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    # --- the proxy -------------------------------------------------------------------------
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, "chat", "/v1/chat/completions")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(request, "completions", "/v1/completions")
+
+    def _error(self, err: GatewayError, rid: str) -> web.Response:
+        headers = {"Content-Type": JSON, **err.headers()}
+        if rid:
+            headers["X-Request-Id"] = rid
+        return web.Response(status=err.status, body=err.body(), headers=headers)
+
+    def _authenticate(self, request: web.Request) -> str:
+        if self.keys is None:
+            return ANONYMOUS
+        header = request.headers.get("Authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise errors.unauthorized(
+                "Missing API key: send it as 'Authorization: Bearer <key>'."
+            )
+        key_id = self.keys.check(key.strip())
+        if key_id is None:
+            raise errors.unauthorized("Incorrect API key provided.")
+        return key_id
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise errors.too_large(limit)
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise errors.too_large(limit) from None
+
+    def _set_queued(self) -> None:
+        over_slots = max(0, self._at_engine - self.engine_slots) if self.engine_slots else 0
+        self._queued.set(over_slots + self._held)
+
+    async def _proxy(self, request: web.Request, endpoint: Endpoint, path: str
+                     ) -> web.StreamResponse:
+        started = time.perf_counter()
+        rid = request.headers.get("X-Request-Id") or os.urandom(8).hex()
+        record = AuditRecord(request_id=rid, endpoint=endpoint)
+        self._in_flight.inc()
+        try:
+            try:
+                record.key_id = self._authenticate(request)
+                if self.limiter is not None:
+                    wait = self.limiter.acquire(record.key_id)
+                    if wait:
+                        raise errors.rate_limited(wait, self.limiter.rate)
+                parsed = parse_request(await self._read_body(request), endpoint,
+                                       self.config.stop_sequences)
+                record.stream = parsed.stream
+                if self.audit.include_text:
+                    record.prompt = parsed.payload.get("messages" if endpoint == "chat"
+                                                       else "prompt")
+                response = await self._forward(request, parsed, path, record, started, rid)
+            except GatewayError as err:
+                record.error_code = err.code
+                response = self._error(err, rid)
+            record.status = record.status or response.status  # a stream may have set 499
+            return response
+        except asyncio.CancelledError:
+            record.status = CLIENT_CLOSED
+            raise
+        finally:
+            self._in_flight.dec()
+            elapsed = time.perf_counter() - started
+            record.duration_ms = elapsed * 1000
+            self._observe(record, elapsed)
+
+    def _observe(self, record: AuditRecord, elapsed: float) -> None:
+        labels = self.metrics.labels
+        self.metrics.requests.labels(**labels, endpoint=record.endpoint,
+                                     code=str(record.status)).inc()
+        self.metrics.duration.labels(**labels, endpoint=record.endpoint,
+                                     stream="true" if record.stream else "false").observe(elapsed)
+        if record.ttft_ms is not None:
+            self.metrics.ttft.labels(**labels, endpoint=record.endpoint).observe(
+                record.ttft_ms / 1000)
+        if record.prompt_tokens:
+            self._prompt_tokens.inc(record.prompt_tokens)
+        if record.completion_tokens:
+            self._completion_tokens.inc(record.completion_tokens)
+        self.audit.write(record)
+
+    async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
+                       record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
+        """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
+        self._at_engine += 1
+        self._set_queued()
+        try:
+            async with await self._post(self.config.engine_url + path, parsed.body,
+                                        {"Content-Type": JSON}) as upstream:
+                if upstream.status == 400:
+                    body = await upstream.read()
+                    overflow = context_overflow(400, body)
+                    if overflow is None:
+                        return self._passthrough(upstream, body, record, rid)
+                else:
+                    return await self._relay(request, upstream, parsed, record, started, rid)
+        finally:
+            self._at_engine -= 1
+            self._set_queued()
+        record.overflow = True
+        return await self._overflow(request, parsed, path, record, started, rid, overflow)
+
+    async def _overflow(self, request: web.Request, parsed: ParsedRequest, path: str,
+                        record: AuditRecord, started: float, rid: str,
+                        overflow: tuple[int | None, int | None]) -> web.StreamResponse:
+        n_prompt, n_ctx = overflow
+        n_ctx = n_ctx or self.context_length or None
+        outcome = self.metrics.overflow.labels
+        labels = self.metrics.labels
+        if not self.config.long_context_url:
+            outcome(**labels, outcome="no_pool").inc()
+            raise errors.prompt_too_long(n_prompt, n_ctx, "the engine refused it")
+        if self._waker is not None:
+            self._held += 1
+            self._set_queued()
+            try:
+                await self._waker.ensure_awake()
+            except (WakeError, aiohttp.ClientError, OSError) as exc:
+                outcome(**labels, outcome="wake_timeout").inc()
+                retry = self.config.wake.retry_after_seconds if self.config.wake else 30
+                raise GatewayError(
+                    503,
+                    f"The prompt has {n_prompt} tokens, more than this pool's context of "
+                    f"{n_ctx}; the long-context pool is not ready: {exc}",
+                    "server_error", None, "long_context_unavailable", retry,
+                ) from None
+            finally:
+                self._held -= 1
+                self._set_queued()
+        headers = {"Content-Type": JSON, "X-Request-Id": rid}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        try:
+            async with await self._post(self.config.long_context_url + path, parsed.body,
+                                        headers) as upstream:
+                outcome(**labels, outcome="routed").inc()
+                return await self._relay(request, upstream, parsed, record, started, rid)
+        except GatewayError:
+            outcome(**labels, outcome="failed").inc()
+            raise
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]
+                    ) -> aiohttp.ClientResponse:
+        try:
+            return await self.session.post(url, data=body, headers=headers)
+        except aiohttp.SocketTimeoutError:
+            raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
+
+    def _passthrough(self, upstream: aiohttp.ClientResponse, body: bytes, record: AuditRecord,
+                     rid: str) -> web.Response:
+        headers = {"Content-Type": upstream.headers.get("Content-Type", JSON), "X-Request-Id": rid}
+        if upstream.status >= 400:
+            record.error_code = f"engine_{upstream.status}"
+        return web.Response(status=upstream.status, body=body, headers=headers)
+
+    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                     parsed: ParsedRequest, record: AuditRecord, started: float, rid: str
+                     ) -> web.StreamResponse:
+        content_type = upstream.headers.get("Content-Type", JSON)
+        if not (parsed.stream and upstream.status == 200
+                and content_type.startswith("text/event-stream")):
+            try:
+                body = await upstream.read()
+            except aiohttp.SocketTimeoutError:
+                raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+            except aiohttp.ClientError as exc:
+                raise errors.engine_unavailable(f"the engine dropped the answer: {exc}") from None
+            if upstream.status == 200:
+                record.prompt_tokens, record.completion_tokens = token_counts(body)
+                if self.audit.include_text:
+                    record.completion = _completion_text(body)
+            return self._passthrough(upstream, body, record, rid)
+        return await self._stream(request, upstream, record, started, rid, content_type)
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
+                      record: AuditRecord, started: float, rid: str, content_type: str
+                      ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid,
+        })
+        await response.prepare(request)
+        tail: deque[bytes] = deque(maxlen=STREAM_TAIL_CHUNKS)
+        everything: list[bytes] | None = [] if self.audit.include_text else None
+        first = True
+        try:
+            async for chunk in upstream.content.iter_any():
+                if first:
+                    record.ttft_ms = (time.perf_counter() - started) * 1000
+                    first = False
+                await response.write(chunk)
+                tail.append(chunk)
+                if everything is not None:
+                    everything.append(chunk)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            # The client went away: closing our upstream socket makes the engine stop
+            # generating and free the slot.
+            upstream.close()
+            record.status = CLIENT_CLOSED
+            record.error_code = "client_closed"
+            return response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Headers are gone already; all we can do is end the stream and say so in the log.
+            log.warning("request %s: engine stream broke: %s", rid, exc)
+            record.error_code = "engine_stream_broken"
+            upstream.close()
+            return response
+        record.prompt_tokens, record.completion_tokens = token_counts(b"".join(tail))
+        if everything is not None:
+            record.completion = _stream_text(b"".join(everything))
+        await response.write_eof()
+        return response
+
+
+def _completion_text(body: bytes) -> str | None:
+    try:
+        choice = json.loads(body)["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    text = choice.get("message", {}).get("content") if "message" in choice else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _stream_text(data: bytes) -> str:
+    """Join the deltas of an SSE stream (only for the audit log with text enabled)."""
+    parts: list[str] = []
+    for line in data.split(b"\n"):
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        try:
+            choices = json.loads(line[6:]).get("choices") or []
+        except ValueError:
+            continue
+        for choice in choices:
+            delta = choice.get("delta", {}).get("content") if "delta" in choice else choice.get(
+                "text")
+            if isinstance(delta, str):
+                parts.append(delta)
+    return "".join(parts)

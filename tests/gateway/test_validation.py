@@ -1,0 +1,155 @@
+"""Request parsing: every rejection is a 400 naming the field; accepted bytes pass unchanged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from glm_operator.gateway.errors import GatewayError
+from glm_operator.gateway.validation import merge_stop, parse_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def chat(**fields: Any) -> bytes:
+    return json.dumps({**CHAT, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (chat(temperature=2.5), "temperature"),
+        (chat(temperature=-0.1), "temperature"),
+        (chat(temperature="hot"), "temperature"),
+        (chat(temperature=True), "temperature"),
+        (chat(top_p=1.5), "top_p"),
+        (chat(temperature=float("nan")), "temperature"),
+        (chat(top_p=float("inf")), "top_p"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_tokens=1.5), "max_tokens"),
+        (chat(max_completion_tokens=-3), "max_completion_tokens"),
+        (chat(n=2), "n"),
+        (chat(n="1"), "n"),
+        (chat(stream="yes"), "stream"),
+        (chat(stream=1), "stream"),
+        (chat(stream_options={"include_usage": True}), "stream_options"),
+        (chat(presence_penalty=3), "presence_penalty"),
+        (chat(frequency_penalty=-2.01), "frequency_penalty"),
+        (chat(stop=5), "stop"),
+        (chat(stop=["ok", 3]), "stop[1]"),
+        (chat(stop=[""]), "stop[0]"),
+        (chat(model=7), "model"),
+        (chat(messages=[]), "messages"),
+        (chat(messages="hi"), "messages"),
+        (chat(messages=["hi"]), "messages[0]"),
+        (chat(messages=[{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]),
+         "messages[1].role"),
+        (chat(messages=[{"role": "user"}]), "messages[0].content"),
+        (chat(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+        (chat(messages=[{"role": "user", "content": [{"text": "x"}]}]),
+         "messages[0].content[0].type"),
+        (json.dumps({"model": "m"}).encode(), "messages"),
+    ],
+)
+def test_bad_chat_fields_are_named(body: bytes, param: str) -> None:
+    with pytest.raises(GatewayError) as caught:
+        parse_request(body, "chat")
+    assert caught.value.status == 400
+    assert caught.value.param == param
+    assert param.split("[")[0].split(".")[0] in caught.value.message
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"[1, 2]", b'"text"', b"\xff\xfe", b"null"])
+def test_malformed_json_is_400(body: bytes) -> None:
+    with pytest.raises(GatewayError) as caught:
+        parse_request(body, "chat")
+    assert caught.value.status == 400
+    assert caught.value.code == "invalid_json"
+
+
+@pytest.mark.parametrize("prompt", [None, 3, [], [1, "a"], [[]], {"text": "x"}])
+def test_bad_completion_prompt(prompt: Any) -> None:
+    body = json.dumps({"model": "m", **({} if prompt is None else {"prompt": prompt})}).encode()
+    with pytest.raises(GatewayError) as caught:
+        parse_request(body, "completions")
+    assert caught.value.param == "prompt"
+
+
+@pytest.mark.parametrize("prompt", ["hello", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
+def test_good_completion_prompt(prompt: Any) -> None:
+    parsed = parse_request(json.dumps({"prompt": prompt}).encode(), "completions")
+    assert parsed.payload["prompt"] == prompt
+
+
+def test_valid_body_passes_through_byte_for_byte() -> None:
+    body = chat(temperature=0.7, top_p=0.9, max_tokens=16, stream=True, n=1, top_k=40,
+                stream_options={"include_usage": True}, ignore_eos=True)
+    parsed = parse_request(body, "chat")
+    assert parsed.body is body
+    assert parsed.stream is True
+
+
+def test_model_stop_sequences_are_added_after_the_clients() -> None:
+    parsed = parse_request(chat(stop="END"), "chat", ("<|user|>", "END"))
+    assert parsed.payload["stop"] == ["END", "<|user|>"]
+    assert json.loads(parsed.body)["stop"] == ["END", "<|user|>"]
+    parsed = parse_request(chat(), "chat", ("<|user|>",))
+    assert json.loads(parsed.body)["stop"] == ["<|user|>"]
+
+
+def test_merge_stop() -> None:
+    assert merge_stop(None, ("a",)) == ["a"]
+    assert merge_stop(["a", "b"], ("b", "c")) == ["a", "b", "c"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+fields = st.sampled_from(["model", "messages", "prompt", "temperature", "top_p", "max_tokens",
+                          "n", "stream", "stop", "stream_options", "seed", "top_logprobs",
+                          "presence_penalty", "max_completion_tokens", "extra"])
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool", "bogus", 3])},
+    optional={"content": json_values},
+)
+payloads = st.dictionaries(fields, json_values, max_size=8) | st.builds(
+    lambda msgs, extra: {"messages": msgs, **extra},
+    st.lists(message, max_size=3), st.dictionaries(fields, json_values, max_size=4),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_fuzz_bytes_only_ever_give_400(body: bytes) -> None:
+    for endpoint in ("chat", "completions"):
+        try:
+            parse_request(body, endpoint)  # type: ignore[arg-type]
+        except GatewayError as err:
+            assert err.status == 400
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.sampled_from(["chat", "completions"]))
+def test_fuzz_payloads_accept_or_name_a_field(payload: dict[str, Any], endpoint: str) -> None:
+    body = json.dumps(payload).encode()
+    try:
+        parsed = parse_request(body, endpoint, ("STOP",))  # type: ignore[arg-type]
+    except GatewayError as err:
+        assert err.status == 400
+        assert err.param or err.code == "invalid_json"
+        assert json.loads(err.body())["error"]["message"]
+        return
+    # Accepted: what goes to the engine is valid JSON, carries the model stop and the
+    # client's fields unchanged.
+    sent = json.loads(parsed.body)
+    assert "STOP" in sent["stop"]
+    for key, value in payload.items():
+        if key != "stop":
+            assert sent[key] == value
