@@ -266,6 +266,12 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
                 f"tensor parallel size {request.count} must divide the {facts.head_count} "
                 "attention heads"
             )
+        kv_heads, tp = facts.head_count_kv, request.count
+        if kv_heads % tp and tp % kv_heads:
+            return (
+                f"tensor parallel size {tp} must divide the {kv_heads} KV heads "
+                "(or be a multiple of them)"
+            )
         if (request.kv_cache_type or "auto").startswith("fp8") and not profile.fp8:
             return f"{profile.name} has no fp8 KV cache"
     if request.engine == "llamacpp":
@@ -589,7 +595,10 @@ def _alternatives(
     profile = get_profile(request.accelerator, catalog)
     if not profile.is_cpu:
         for count in range(request.count + 1, profile.max_devices_per_node + 1):
-            if request.engine == "vllm" and facts.head_count % count:
+            if request.engine == "vllm" and (
+                facts.head_count % count
+                or (facts.head_count_kv % count and count % facts.head_count_kv)
+            ):
                 continue
             if attempt(f"{count} x {profile.name}", count=count):
                 break
