@@ -117,10 +117,14 @@ def _open_http(source: HttpSource, offset: int, options: FetchOptions) -> _Respo
                 return _Response(start=offset, total=total, body=io.BytesIO())
             raise _Retryable(f"server refused Range bytes={offset}- (416), restarting") from exc
         raise _http_error(source, exc.code, exc.reason) from exc
-    except ssl.SSLCertVerificationError as exc:
-        raise SourceUnavailable(f"{source.display}: TLS certificate not trusted: {exc}") from exc
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-        raise _Retryable(f"{source.display}: {exc}") from exc
+        cause = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            # Retrying cannot fix trust; say what to change instead.
+            raise SourceUnavailable(
+                f"{source.display}: TLS certificate not trusted ({cause.verify_message}); "
+                "give the CA with --ca-bundle") from exc
+        raise _Retryable(str(cause)) from exc
     status = response.status
     if status == 206:
         match = _CONTENT_RANGE.search(response.headers.get("Content-Range", ""))
