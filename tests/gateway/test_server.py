@@ -1,0 +1,318 @@
+"""The gateway's request handling against a scripted engine and a scripted scale API.
+
+These pin the logic (error shapes, overflow routing, wake from zero, auth, limits) fast and
+without llama-server; e2e/test_gateway*.py runs the same paths against the real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from glm_operator.gateway.config import GatewayConfig, WakeConfig
+from glm_operator.gateway.server import Gateway
+
+
+@dataclass
+class FakeEngine:
+    """Answers like llama-server: a 400 exceed_context_size_error above n_ctx characters."""
+
+    n_ctx: int
+    name: str = "main"
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    ready: asyncio.Event | None = None  # /readyz is 503 until set (a pool that is waking)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/props", self.props)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.chat)
+        return app
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        ready = self.ready is None or self.ready.is_set()
+        return web.json_response({}, status=200 if ready else 503)
+
+    async def props(self, _request: web.Request) -> web.Response:
+        return web.json_response({"default_generation_settings": {"n_ctx": self.n_ctx},
+                                  "total_slots": 2})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if request.path == "/v1/chat/completions":  # not the gateway's warm-up
+            self.calls.append({"body": body, "headers": dict(request.headers)})
+        text = json.dumps(body.get("messages", body.get("prompt")))
+        if len(text) > self.n_ctx:
+            return web.json_response({"error": {
+                "code": 400, "type": "exceed_context_size_error", "message": "too long",
+                "n_prompt_tokens": len(text), "n_ctx": self.n_ctx}}, status=400)
+        if body.get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for word in ("a", "b"):
+                await response.write(
+                    f'data: {{"choices":[{{"delta":{{"content":"{word}"}}}}]}}\n\n'.encode())
+            await response.write(b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],'
+                                 b'"timings":{"prompt_n":7,"cache_n":0,"predicted_n":2}}\n\n')
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        return web.json_response({
+            "choices": [{"message": {"role": "assistant", "content": f"from {self.name}"}}],
+            "usage": {"prompt_tokens": len(text), "completion_tokens": 3},
+        })
+
+
+@dataclass
+class FakeScaleApi:
+    token: str
+    deployment: str
+    replicas: int = 0
+    patches: list[Any] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale",
+                             self.scale)
+        return app
+
+    async def scale(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"reason": "Unauthorized"}, status=401)
+        if request.match_info["name"] != self.deployment:
+            return web.json_response({"reason": "Forbidden"}, status=403)
+        if request.method == "PATCH":
+            assert request.content_type == "application/merge-patch+json"
+            patch = await request.json()
+            self.patches.append(patch)
+            self.replicas = patch["spec"]["replicas"]
+        return web.json_response({"kind": "Scale", "spec": {"replicas": self.replicas}})
+
+
+async def serve(app: web.Application) -> TestServer:
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def gateway_client(config: GatewayConfig) -> TestClient[web.Request, web.Application]:
+    client = TestClient(TestServer(Gateway(config).app()))
+    await client.start_server()
+    return client
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[tuple[FakeEngine, str]]:
+    fake = FakeEngine(n_ctx=200)
+    server = await serve(fake.app())
+    yield fake, str(server.make_url("")).rstrip("/")
+    await server.close()
+
+
+def base_config(engine_url: str, **changes: Any) -> GatewayConfig:
+    return replace(GatewayConfig(engine_url=engine_url, service_name="glm",
+                                 model_version="v1"), **changes)
+
+
+CHAT = {"model": "glm", "messages": [{"role": "user", "content": "hi"}]}
+LONG_CHAT = {"model": "glm", "messages": [{"role": "user", "content": "x" * 400}]}
+
+
+async def test_chat_models_and_metrics(engine: tuple[FakeEngine, str]) -> None:
+    fake, url = engine
+    client = await gateway_client(base_config(url, stop_sequences=("<|user|>",)))
+    try:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status == 200
+        assert (await response.json())["choices"][0]["message"]["content"] == "from main"
+        assert fake.calls[-1]["body"]["stop"] == ["<|user|>"]
+        assert response.headers["X-Request-Id"]
+        models = await (await client.get("/v1/models")).json()
+        assert models["data"][0]["id"] == "glm"
+        for _ in range(50):  # the warm-up reads n_ctx from /props
+            if models["data"][0]["context_length"] == 200:
+                break
+            await asyncio.sleep(0.05)
+            models = await (await client.get("/v1/models")).json()
+        assert models["data"][0]["context_length"] == 200
+        stream = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        raw = await stream.read()
+        assert raw.startswith(b"data: ") and raw.endswith(b"data: [DONE]\n\n")
+        text = await (await client.get("/metrics")).text()
+        labels = 'model_version="v1",pool="main",service="glm"'
+        assert f'glm_gateway_requests_total{{code="200",endpoint="chat",{labels}}} 2.0' in text
+        assert f"glm_gateway_completion_tokens_total{{{labels}}} 5.0" in text
+        assert f'glm_gateway_time_to_first_token_seconds_count{{endpoint="chat",{labels}}} 1.0' \
+            in text
+        assert f"glm_gateway_requests_in_flight{{{labels}}} 0.0" in text
+    finally:
+        await client.close()
+
+
+async def test_overflow_without_pool_says_too_long(engine: tuple[FakeEngine, str]) -> None:
+    _, url = engine
+    client = await gateway_client(base_config(url))
+    try:
+        response = await client.post("/v1/chat/completions", json=LONG_CHAT)
+        assert response.status == 400
+        error = (await response.json())["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert "too long" in error["message"] and "200" in error["message"]
+        assert str(len(json.dumps(LONG_CHAT["messages"]))) in error["message"]
+        assert set(error) == {"message", "type", "param", "code"}
+    finally:
+        await client.close()
+
+
+async def test_overflow_wakes_the_pool_from_zero(engine: tuple[FakeEngine, str],
+                                                 tmp_path: Path) -> None:
+    main, url = engine
+    ready = asyncio.Event()
+    long_engine = FakeEngine(n_ctx=10_000, name="long", ready=ready)
+    api = FakeScaleApi(token="sa-token", deployment="glm-v1-long")
+    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
+                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
+                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
+    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
+                         wake=wake)
+    client = await gateway_client(config)
+    try:
+        # Short requests never wait on the wake.
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+        pending = [asyncio.create_task(client.post("/v1/chat/completions", json=LONG_CHAT,
+                                                   headers={"Authorization": "Bearer k"}))
+                   for _ in range(3)]
+        for _ in range(100):
+            if api.patches:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        assert api.patches == [{"spec": {"replicas": 1}}]  # one scale call for three requests
+        assert not any(task.done() for task in pending)
+        started = asyncio.get_running_loop().time()
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+        assert asyncio.get_running_loop().time() - started < 0.5
+        metrics = await (await client.get("/metrics")).text()
+        assert 'glm_gateway_requests_queued{model_version="v1",pool="main",service="glm"} 3.0' \
+            in metrics
+        ready.set()
+        for response in await asyncio.gather(*pending):
+            assert response.status == 200
+            assert (await response.json())["choices"][0]["message"]["content"] == "from long"
+        assert long_engine.calls[-1]["headers"]["Authorization"] == "Bearer k"
+        assert api.patches == [{"spec": {"replicas": 1}}]
+        metrics = await (await client.get("/metrics")).text()
+        assert 'glm_gateway_overflow_total{model_version="v1",outcome="routed",pool="main",' \
+               'service="glm"} 3.0' in metrics
+        assert "glm_gateway_long_context_wakes_total" in metrics
+    finally:
+        await client.close()
+        await long_server.close()
+        await api_server.close()
+    assert len(main.calls) == 5  # 2 short + 3 long ones refused for context size
+
+
+async def test_wake_timeout_is_503_with_retry_after(engine: tuple[FakeEngine, str],
+                                                    tmp_path: Path) -> None:
+    _, url = engine
+    api = FakeScaleApi(token="right", deployment="glm-v1-long")
+    api_server = await serve(api.app())
+    token = tmp_path / "token"
+    token.write_text("right")
+    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
+                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
+                      ca_path=None, timeout_seconds=0.5, poll_seconds=0.05,
+                      retry_after_seconds=17)
+    config = base_config(url, long_context_url="http://127.0.0.1:9", wake=wake)
+    client = await gateway_client(config)
+    try:
+        response = await client.post("/v1/chat/completions", json=LONG_CHAT)
+        assert response.status == 503
+        assert response.headers["Retry-After"] == "17"
+        error = (await response.json())["error"]
+        assert error["code"] == "long_context_unavailable"
+        assert "not ready" in error["message"]
+        assert api.replicas == 1
+        token.write_text("wrong")  # a token the API refuses: 503 says why, no hang
+        api.replicas = 0
+        response = await client.post("/v1/chat/completions", json=LONG_CHAT)
+        assert response.status == 503
+        assert "401" in (await response.json())["error"]["message"]
+    finally:
+        await client.close()
+        await api_server.close()
+
+
+async def test_auth_rate_limit_and_body_limit(engine: tuple[FakeEngine, str],
+                                              tmp_path: Path) -> None:
+    _, url = engine
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "a").write_text("key-a")
+    config = base_config(url, api_keys_path=keys, rate_limit_rps=0.5, rate_limit_burst=2,
+                         max_body_bytes=1000)
+    client = await gateway_client(config)
+    try:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status == 401
+        assert (await response.json())["error"]["code"] == "invalid_api_key"
+        bad = await client.post("/v1/chat/completions", json=CHAT,
+                                headers={"Authorization": "Bearer nope"})
+        assert bad.status == 401
+        auth = {"Authorization": "Bearer key-a"}
+        assert (await client.get("/v1/models")).status == 401
+        assert (await client.get("/v1/models", headers=auth)).status == 200
+        for _ in range(2):
+            assert (await client.post("/v1/chat/completions", json=CHAT,
+                                      headers=auth)).status == 200
+        limited = await client.post("/v1/chat/completions", json=CHAT, headers=auth)
+        assert limited.status == 429
+        assert int(limited.headers["Retry-After"]) >= 1
+        assert (await limited.json())["error"]["code"] == "rate_limit_exceeded"
+        big = {"model": "glm", "messages": [{"role": "user", "content": "y" * 2000}]}
+        (keys / "b").write_text("key-b")
+        await asyncio.sleep(1.1)  # the key store looks again after a second
+        response = await client.post("/v1/chat/completions", json=big,
+                                     headers={"Authorization": "Bearer key-b"})
+        assert response.status == 413
+        assert (await response.json())["error"]["code"] == "request_too_large"
+        response = await client.post("/v1/chat/completions", data=b"{nope",
+                                     headers={"Authorization": "Bearer key-b"})
+        assert response.status == 400
+    finally:
+        await client.close()
+
+
+async def test_engine_down_is_a_fast_503() -> None:
+    config = GatewayConfig(engine_url="http://127.0.0.1:9", service_name="glm",
+                           connect_timeout_seconds=1)
+    client = await gateway_client(config)
+    try:
+        started = asyncio.get_running_loop().time()
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status == 503
+        assert asyncio.get_running_loop().time() - started < 3
+        error = (await response.json())["error"]
+        assert error["code"] == "engine_unavailable"
+        assert response.headers["Retry-After"]
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/healthz")).status == 200
+        missing = await client.get("/v2/nothing")
+        assert missing.status == 404 and (await missing.json())["error"]["code"] == "not_found"
+    finally:
+        await client.close()
