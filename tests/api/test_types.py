@@ -215,3 +215,45 @@ def test_condition_serialises_like_metav1() -> None:
             reason="not camel",
             last_transition_time=datetime(2025, 1, 1, tzinfo=UTC),
         )
+
+
+def test_plan_summary_keeps_everything_the_planner_reports() -> None:
+    """status.plan stores Plan.summary(); a field the schema lacks would be pruned."""
+    from glm_operator.api import PlanSummary
+    from glm_operator.planning.facts import ModelFacts as PlannerFacts
+    from glm_operator.planning.planner import PlanRequest, plan
+    from pydantic.alias_generators import to_camel
+
+    facts = PlannerFacts(
+        architecture="glm4",
+        block_count=40,
+        embedding_length=4096,
+        head_count=32,
+        head_count_kv=2,
+        context_length=32768,
+        key_length=128,
+        value_length=128,
+        parameter_count=9_400_000_000,
+        vocab_size=151552,
+    )
+    for engine, accelerator, quantization in (
+        ("llamacpp", "nvidia-a10", "Q4_K_M"),
+        ("vllm", "nvidia-a100-80gb", "bf16"),
+    ):
+        summary = plan(
+            PlanRequest(
+                facts=facts,
+                quantization=quantization,
+                engine=engine,  # type: ignore[arg-type]
+                accelerator=accelerator,
+                context_length=32768,
+                concurrency=4,
+            )
+        ).summary()
+        stored = PlanSummary.model_validate(summary).model_dump(by_alias=True, exclude_none=True)
+        for section in ("memory", "resources", engine):
+            for key in summary[section]:
+                camel = to_camel(key)
+                assert camel in stored[section], f"status.plan.{section}.{camel} would be lost"
+        assert stored["engine"] == engine and stored["accelerator"] == accelerator
+        assert set(summary) - {"alternatives"} <= set(stored) | {"alternatives"}

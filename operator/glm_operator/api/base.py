@@ -75,6 +75,9 @@ StringMap = Annotated[
     dict[str, Annotated[str, Field(max_length=4096)]],
     Field(json_schema_extra={"maxProperties": 64}),
 ]
+# Integers that may exceed 2^31 (bytes, parameter counts): int64 in the schema.
+Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+NonNegativeInt64 = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 
 

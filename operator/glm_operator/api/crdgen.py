@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from glm_operator.api.base import GROUP, VERSION
-from glm_operator.api.glmservice import GLMService, GLMServiceSpec, GLMServiceStatus
+from glm_operator.api.glmservice import GLMService, GLMServiceSpec
+from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.modelversion import ModelVersion, ModelVersionSpec, ModelVersionStatus
 
 Schema = dict[str, Any]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
@@ -25,10 +24,9 @@ from glm_operator.api.base import (
     Quantity,
     SecretName,
     SpecModel,
-    StatusModel,
     StringMap,
 )
-from glm_operator.api.conditions import MAX_CONDITIONS, Condition
+from glm_operator.api.glmservice_status import GLMServiceStatus
 
 MIN_CONTEXT_LENGTH = 512
 MAX_CONTEXT_LENGTH = 1_048_576
@@ -61,25 +59,6 @@ class Engine(StrEnum):
 class RolloutStrategy(StrEnum):
     CANARY = "canary"
     SURGE = "surge"
-
-
-class GLMServiceConditionType(StrEnum):
-    READY = "Ready"
-    MODEL_READY = "ModelReady"
-    PLANNED = "Planned"
-    PROGRESSING = "Progressing"
-    DEGRADED = "Degraded"
-    CANARY_PROGRESSING = "CanaryProgressing"
-
-
-class CanaryPhase(StrEnum):
-    IDLE = "Idle"
-    PROGRESSING = "Progressing"
-    PAUSED = "Paused"
-    PROMOTING = "Promoting"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    ROLLED_BACK = "RolledBack"
 
 
 class Accelerator(SpecModel):
@@ -628,119 +607,6 @@ class GLMServiceSpec(SpecModel):
     def effective_replicas(self) -> int:
         """Replicas when autoscaling is off."""
         return 1 if self.replicas is None else self.replicas
-
-
-# ---- status -----------------------------------------------------------------------------
-
-
-class MemoryBreakdown(StatusModel):
-    """Planned memory per replica, in bytes (per device when tensor parallel)."""
-
-    weights_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
-    kv_cache_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
-    compute_buffer_bytes: int = Field(default=0, ge=0, json_schema_extra={"format": "int64"})
-    overhead_bytes: int = Field(
-        default=0,
-        ge=0,
-        description="Runtime overhead and headroom kept free.",
-        json_schema_extra={"format": "int64"},
-    )
-    total_bytes: int = Field(ge=0, json_schema_extra={"format": "int64"})
-    capacity_bytes: int = Field(
-        ge=0,
-        description="Device (or host) memory available.",
-        json_schema_extra={"format": "int64"},
-    )
-
-
-class PlannedResources(StatusModel):
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
-
-
-class PlanSummary(StatusModel):
-    """The capacity plan the pods run with (see docs/planning.md)."""
-
-    engine: Engine
-    accelerator: str = Field(description="Profile name.")
-    accelerator_count: int = Field(ge=1)
-    model_version: str
-    facts_source: Literal["measured", "declared"] = Field(
-        description="Whether the model facts came from the GGUF header or spec.facts."
-    )
-    context_length: int = Field(ge=1)
-    slots: int = Field(ge=1, description="Parallel sequences per replica (--parallel).")
-    context_per_slot: int = Field(ge=1)
-    kv_unified: bool | None = Field(default=None, description="llama.cpp --kv-unified.")
-    gpu_layers: int | None = Field(default=None, ge=0, description="llama.cpp --n-gpu-layers.")
-    kv_cache_type: str | None = Field(default=None, description="KV cache element type.")
-    tensor_parallel_size: int | None = Field(default=None, ge=1)
-    max_model_len: int | None = Field(default=None, ge=1, description="vLLM --max-model-len.")
-    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM --max-num-seqs.")
-    gpu_memory_utilization: float | None = Field(default=None, ge=0, le=1)
-    cpu_threads: int | None = Field(default=None, ge=1)
-    memory: MemoryBreakdown | None = None
-    resources: PlannedResources | None = None
-    engine_args: list[str] = Field(default_factory=list, description="The planned argv flags.")
-    summary: str = Field(default="", description="One line for humans.")
-
-
-class CanaryAnalysisResult(StatusModel):
-    time: datetime
-    request_count: int = Field(ge=0, json_schema_extra={"format": "int64"})
-    error_rate_percent: float | None = None
-    latency_p99_ms: float | None = None
-    time_to_first_token_p99_ms: float | None = None
-    passed: bool
-    message: str = ""
-
-
-class CanaryStatus(StatusModel):
-    """Where a canary rollout stands."""
-
-    phase: CanaryPhase = CanaryPhase.IDLE
-    model_version: str | None = Field(default=None, description="The version under test.")
-    weight: int = Field(default=0, ge=0, le=100, description="Traffic percent to the canary.")
-    step: int = Field(default=0, ge=0, description="Index into rollout.steps, 1-based; 0 idle.")
-    failed_checks: int = Field(default=0, ge=0)
-    last_analysis: CanaryAnalysisResult | None = None
-    last_transition_time: datetime | None = None
-    message: str = ""
-
-
-class PoolStatus(StatusModel):
-    replicas: int = Field(default=0, ge=0)
-    ready_replicas: int = Field(default=0, ge=0)
-    endpoint: str | None = None
-
-
-class GLMServiceStatus(StatusModel):
-    """What is serving now."""
-
-    observed_generation: int | None = Field(
-        default=None, ge=0, json_schema_extra={"format": "int64"}
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=MAX_CONDITIONS,
-        description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing.",
-        json_schema_extra={
-            "x-kubernetes-list-type": "map",
-            "x-kubernetes-list-map-keys": ["type"],
-        },
-    )
-    stable_model_version: str | None = Field(
-        default=None, description="The ModelVersion serving now (the rollout's starting point)."
-    )
-    replicas: int = Field(default=0, ge=0, description="Main pool pods (scale subresource).")
-    ready_replicas: int = Field(default=0, ge=0)
-    selector: str | None = Field(
-        default=None, description="Label selector of the main pool pods, for the HPA."
-    )
-    endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
-    plan: PlanSummary | None = None
-    canary: CanaryStatus | None = None
-    long_context: PoolStatus | None = None
 
 
 class GLMService(SpecModel):

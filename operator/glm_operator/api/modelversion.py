@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from glm_operator.api.base import (
+    Int64,
     ObjectMeta,
     Quantity,
     SecretName,
@@ -172,14 +173,13 @@ class ModelFacts(SpecModel):
     expert_used_count: int | None = Field(
         default=None, ge=0, le=4096, description="Experts active per token."
     )
-    parameter_count: int | None = Field(
-        default=None, ge=1, description="Total parameters.", json_schema_extra={"format": "int64"}
+    parameter_count: Int64 | None = Field(default=None, ge=1, description="Total parameters.")
+    active_parameter_count: Int64 | None = Field(
+        default=None, ge=1, description="Parameters used per token (MoE)."
     )
-    size_bytes: int | None = Field(
-        default=None,
-        ge=1,
-        description="Artifact size in bytes (all shards).",
-        json_schema_extra={"format": "int64"},
+    vocab_size: int | None = Field(default=None, ge=1, le=16777216, description="Tokens.")
+    size_bytes: Int64 | None = Field(
+        default=None, ge=1, description="Artifact size in bytes (all shards)."
     )
     file_type: str | None = Field(
         default=None, max_length=32, description="general.file_type as a name, e.g. Q4_K_M."
@@ -261,9 +261,7 @@ class CacheStatus(StatusModel):
 class ModelVersionStatus(StatusModel):
     """What the fetch and verification found."""
 
-    observed_generation: int | None = Field(
-        default=None, ge=0, json_schema_extra={"format": "int64"}
-    )
+    observed_generation: Int64 | None = Field(default=None, ge=0)
     phase: ModelVersionPhase = Field(
         default=ModelVersionPhase.PENDING,
         description="Pending, Fetching, Verifying, Ready or Failed.",
@@ -277,13 +275,8 @@ class ModelVersionStatus(StatusModel):
             "x-kubernetes-list-map-keys": ["type"],
         },
     )
-    size_bytes: int | None = Field(
-        default=None,
-        ge=0,
-        description="Measured size in bytes.",
-        json_schema_extra={"format": "int64"},
-    )
-    sha256: str | None = Field(default=None, description="Measured SHA-256.")
+    size_bytes: Int64 | None = Field(default=None, ge=0, description="Measured size in bytes.")
+    sha256: str | None = Field(default=None, max_length=64, description="Measured SHA-256.")
     facts: ModelFacts | None = Field(
         default=None, description="Facts measured from the GGUF header."
     )

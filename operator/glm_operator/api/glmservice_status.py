@@ -1,0 +1,203 @@
+"""GLMService status: conditions, the capacity plan in force, replicas, canary state.
+
+`PlanSummary` has the shape of `glm_operator.planning.Plan.summary()` (camelCase or
+snake_case keys both parse), so the controller stores the planner's own output; the CRD
+schema must list every field, or the API server prunes it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from glm_operator.api.base import Int64, NonNegativeInt64, StatusModel
+from glm_operator.api.conditions import MAX_CONDITIONS, Condition
+
+
+class GLMServiceConditionType(StrEnum):
+    READY = "Ready"
+    MODEL_READY = "ModelReady"
+    PLANNED = "Planned"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    CANARY_PROGRESSING = "CanaryProgressing"
+
+
+class CanaryPhase(StrEnum):
+    IDLE = "Idle"
+    PROGRESSING = "Progressing"
+    PAUSED = "Paused"
+    PROMOTING = "Promoting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    ROLLED_BACK = "RolledBack"
+
+
+class PlanMemory(StatusModel):
+    """Bytes on the most loaded device (GPU/NPU), or in node RAM for CPU plans."""
+
+    weights_bytes: NonNegativeInt64 | None = Field(default=None, description="Model weights.")
+    kv_bytes: NonNegativeInt64 | None = Field(default=None, description="KV cache for all slots.")
+    compute_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="Compute buffers, activations."
+    )
+    overhead_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="Runtime (CUDA, CANN, NCCL)."
+    )
+    reserved_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="Kept free on purpose."
+    )
+    total_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="Weights + KV + compute + overhead."
+    )
+    available_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="Device memory (or node RAM)."
+    )
+    headroom_bytes: Int64 | None = Field(
+        default=None,
+        description="Free after everything and the reserve; negative when it does not fit.",
+    )
+
+
+class PlanResources(StatusModel):
+    """Pod resources the plan asks for."""
+
+    cpu_request: float | None = Field(default=None, ge=0, description="Cores.")
+    memory_request_bytes: NonNegativeInt64 | None = None
+    memory_limit_bytes: NonNegativeInt64 | None = None
+    devices: int | None = Field(default=None, ge=0, description="Accelerator devices.")
+    resource_name: str | None = Field(default=None, description="e.g. nvidia.com/gpu.")
+    shared_memory_bytes: NonNegativeInt64 | None = Field(
+        default=None, description="/dev/shm for tensor parallel."
+    )
+    memory_note: str | None = Field(default=None, description="Why these memory numbers.")
+
+
+class PlanAlternative(StatusModel):
+    """A nearby configuration that fits (reported when the request does not)."""
+
+    change: str = Field(description="What differs, e.g. 'KV cache q8_0'.")
+    headroom_bytes: Int64 | None = None
+
+
+class LlamaCppPlan(StatusModel):
+    """llama-server settings (see docs/planning.md)."""
+
+    n_gpu_layers: int | None = Field(default=None, ge=0, description="--n-gpu-layers.")
+    parallel: int | None = Field(default=None, ge=1, description="--parallel (slots).")
+    ctx_size: int | None = Field(default=None, ge=1, description="--ctx-size (all slots).")
+    ctx_per_slot: int | None = Field(default=None, ge=1, description="Context each slot gets.")
+    kv_unified: bool | None = Field(default=None, description="--kv-unified.")
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    flash_attn: bool | None = None
+    threads: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    ubatch_size: int | None = Field(default=None, ge=1)
+    mmap: bool | None = None
+    cache_ram_mib: int | None = Field(default=None, ge=0)
+    fit: bool | None = None
+    tensor_split: list[int] | None = Field(default=None, description="Layers per device.")
+
+
+class VllmPlan(StatusModel):
+    """vLLM settings (see docs/planning.md)."""
+
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, ge=0, le=1)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_tokens: NonNegativeInt64 | None = None
+
+
+class PlanSummary(StatusModel):
+    """The capacity plan the pods run with (see docs/planning.md)."""
+
+    feasible: bool | None = Field(default=None, description="Whether the request fits.")
+    reason: str | None = Field(default=None, description="Why (with the numbers).")
+    engine: Literal["llamacpp", "vllm"] | None = None
+    accelerator: str | None = Field(default=None, description="Profile name.")
+    count: int | None = Field(default=None, ge=1, description="Devices per replica.")
+    quantization: str | None = None
+    context_length: int | None = Field(default=None, ge=1)
+    concurrency: int | None = Field(default=None, ge=1)
+    model_version: str | None = Field(default=None, description="The ModelVersion planned for.")
+    facts_source: Literal["measured", "declared"] | None = Field(
+        default=None, description="measured: from the GGUF header; declared: from spec.facts."
+    )
+    memory: PlanMemory | None = None
+    kv_bytes_per_token: NonNegativeInt64 | None = Field(
+        default=None, description="Whole model, one token."
+    )
+    resources: PlanResources | None = None
+    alternatives: list[PlanAlternative] | None = Field(default=None, max_length=16)
+    llamacpp: LlamaCppPlan | None = None
+    vllm: VllmPlan | None = None
+
+
+class CanaryAnalysisResult(StatusModel):
+    """The last analysis of the canary's metrics."""
+
+    time: datetime | None = None
+    request_count: NonNegativeInt64 | None = None
+    error_rate_percent: float | None = None
+    latency_p99_ms: float | None = None
+    time_to_first_token_p99_ms: float | None = None
+    passed: bool | None = None
+    message: str | None = None
+
+
+class CanaryStatus(StatusModel):
+    """Where a canary rollout stands."""
+
+    phase: CanaryPhase = CanaryPhase.IDLE
+    model_version: str | None = Field(default=None, description="The version under test.")
+    weight: int = Field(default=0, ge=0, le=100, description="Traffic percent to the canary.")
+    step: int = Field(default=0, ge=0, description="1-based index into rollout.steps; 0 idle.")
+    failed_checks: int = Field(default=0, ge=0)
+    last_analysis: CanaryAnalysisResult | None = None
+    last_transition_time: datetime | None = None
+    message: str | None = None
+
+
+class PoolStatus(StatusModel):
+    """One pool of engine pods (the long-context pool)."""
+
+    replicas: int = Field(default=0, ge=0)
+    ready_replicas: int = Field(default=0, ge=0)
+    endpoint: str | None = None
+
+
+class GLMServiceStatus(StatusModel):
+    """What is serving now."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, json_schema_extra={"format": "int64"}
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["type"],
+        },
+    )
+    stable_model_version: str | None = Field(
+        default=None, description="The ModelVersion serving now (the rollout's starting point)."
+    )
+    replicas: int = Field(default=0, ge=0, description="Main pool pods (scale subresource).")
+    ready_replicas: int = Field(default=0, ge=0)
+    selector: str | None = Field(
+        default=None, description="Label selector of the main pool pods (scale subresource)."
+    )
+    endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
+    plan: PlanSummary | None = None
+    canary: CanaryStatus | None = None
+    long_context: PoolStatus | None = None
