@@ -1,0 +1,117 @@
+"""Engine command lines from a plan: llama-server and `vllm serve`, always as argv lists.
+
+Every flag the plan decides is written out explicitly, even where it equals the engine's
+default today: a new engine build that changes a default must not silently change what
+status.plan says the pods run with. The llama-server flags are the ones the pinned build
+(e2e/versions.toml, llama_cpp_python's vendored llama.cpp) accepts; in particular it has
+`--fit` on by default (it would re-plan context and layers behind our back, so it is turned
+off) and `--load-mode` instead of the older `--no-mmap`.
+
+User `engineArgs` come last, one argv element each; the API already refused any flag the
+operator owns (OPERATOR_OWNED_ENGINE_FLAGS), so they cannot contradict the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from glm_operator.planning.planner import Plan
+
+LLAMA_SERVER = "llama-server"
+VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
+ENGINE_HOST = "0.0.0.0"  # kubelet probes reach the engine on the pod IP (see pod.py)
+
+# vLLM's GLM-4.5+ tool-call and reasoning parsers (vLLM >= 0.10); older GLM-4 checkpoints
+# (architecture glm4, chatglm) use the generic chat template and get none.
+_VLLM_GLM_PARSER_ARCHITECTURES = frozenset({"glm4moe", "glm4_moe", "glm-dsa", "glm4v_moe"})
+VLLM_GLM_PARSER = "glm45"
+
+
+class EngineArgsError(ValueError):
+    """The plan does not carry settings for the engine asked for."""
+
+
+def _on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+def llamacpp_argv(
+    plan: Plan,
+    model_path: str,
+    port: int,
+    alias: str,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """`llama-server` argv (command included) for one replica of a llama.cpp plan."""
+    settings = plan.llamacpp
+    if settings is None:
+        raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no llama.cpp settings")
+    argv = [
+        LLAMA_SERVER,
+        "--model", model_path,
+        "--host", ENGINE_HOST,
+        "--port", str(port),
+        "--alias", alias,
+        "--ctx-size", str(settings.ctx_size),
+        "--parallel", str(settings.parallel),
+        "--kv-unified" if settings.kv_unified else "--no-kv-unified",
+        "--n-gpu-layers", str(settings.n_gpu_layers),
+        "--cache-type-k", settings.cache_type_k,
+        "--cache-type-v", settings.cache_type_v,
+        "--flash-attn", _on_off(settings.flash_attn),
+        "--threads", str(settings.threads),
+        "--batch-size", str(settings.batch_size),
+        "--ubatch-size", str(settings.ubatch_size),
+        "--cache-ram", str(settings.cache_ram_mib),
+        "--load-mode", "mmap" if settings.mmap else "none",
+        "--fit", _on_off(settings.fit),
+        "--metrics",
+        "--no-webui",
+    ]  # fmt: skip
+    if settings.tensor_split:
+        argv += ["--split-mode", "layer",
+                 "--tensor-split", ",".join(str(n) for n in settings.tensor_split)]
+    argv.extend(extra_args)
+    return argv
+
+
+def vllm_argv(
+    plan: Plan,
+    model_path: str,
+    port: int,
+    served_model_name: str,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """`vllm serve` argv (command included) for one replica of a vLLM plan."""
+    settings = plan.vllm
+    if settings is None:
+        raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no vLLM settings")
+    argv = [
+        *VLLM_COMMAND,
+        model_path,
+        "--served-model-name", served_model_name,
+        "--host", ENGINE_HOST,
+        "--port", str(port),
+        "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        "--max-model-len", str(settings.max_model_len),
+        "--max-num-seqs", str(settings.max_num_seqs),
+        "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
+        "--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}",
+        "--kv-cache-dtype", settings.kv_cache_dtype,
+        "--dtype", settings.dtype,
+    ]  # fmt: skip
+    if plan.request.facts.architecture.lower() in _VLLM_GLM_PARSER_ARCHITECTURES:
+        argv += ["--enable-auto-tool-choice",
+                 "--tool-call-parser", VLLM_GLM_PARSER,
+                 "--reasoning-parser", VLLM_GLM_PARSER]
+    argv.extend(extra_args)
+    return argv
+
+
+def engine_argv(
+    plan: Plan, model_path: str, port: int, name: str, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """The argv for whichever engine the plan is for."""
+    if plan.request.engine == "vllm":
+        return vllm_argv(plan, model_path, port, name, extra_args)
+    return llamacpp_argv(plan, model_path, port, name, extra_args)
