@@ -1,0 +1,198 @@
+"""Gateway overhead: the same load direct to llama-server and through the gateway, side by side.
+
+    python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2] [--json out.json]
+    pytest bench/gateway.py -m bench -s
+
+One llama-server (the pinned build, a tiny random-weight model, one slot per client) and one
+gateway process in front of it. For each mode (non-streaming, streaming) and concurrency
+level the load runs alternately direct and through the gateway (`rounds` times each, so a
+drift in machine load hits both sides alike). Every request asks for exactly `tokens`
+generated tokens (`ignore_eos`).
+
+Reported per row: throughput (generated tokens/s) direct and through the gateway and their
+ratio, p50 latency (non-streaming) or p50 time to first chunk (streaming) on both paths and
+the difference, and the gateway's peak RSS. Targets: ratio >= 0.97 non-streaming and >= 0.9
+streaming, added p50 / TTFT <= 1 ms, RSS < 60 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from e2e.gateway_process import GatewayProcess
+from e2e.llama import LlamaServer, llama_server_binary
+from e2e.models import TinyLlamaSpec, write_tiny_llama
+
+TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.9}
+TARGET_ADDED_MS = 1.0
+TARGET_RSS_MIB = 60.0
+PROMPT = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
+
+
+@dataclass
+class Sample:
+    tokens_per_second: float
+    p50_ms: float  # latency (non-streaming) or time to first chunk (streaming)
+
+
+@dataclass
+class Row:
+    mode: str
+    concurrency: int
+    direct_tps: float
+    gateway_tps: float
+    ratio: float
+    direct_p50_ms: float
+    gateway_p50_ms: float
+    added_ms: float
+
+
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
+               ) -> tuple[float, float]:
+    started = time.perf_counter()
+    first = 0.0
+    async with session.post(url, data=body,
+                            headers={"Content-Type": "application/json"}) as response:
+        if response.status != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status}: {await response.text()}")
+        if stream:
+            async for _chunk in response.content.iter_any():
+                if not first:
+                    first = time.perf_counter() - started
+        else:
+            await response.read()
+    total = time.perf_counter() - started
+    return total, first
+
+
+async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requests: int,
+                key: str) -> Sample:
+    body = json.dumps({"model": "bench", "messages": PROMPT, "max_tokens": tokens,
+                       "temperature": 0, "ignore_eos": True, "stream": stream}).encode()
+    url = base_url + "/v1/chat/completions"
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    headers = {"Authorization": f"Bearer {key}"}
+    results: list[tuple[float, float]] = []
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        await _one(session, url, body, stream)  # warm the connection and the engine
+        queue = iter(range(requests))
+
+        async def worker() -> None:
+            for _ in queue:
+                results.append(await _one(session, url, body, stream))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    metric = [first for _, first in results] if stream else [total for total, _ in results]
+    return Sample(tokens_per_second=requests * tokens / elapsed,
+                  p50_ms=statistics.median(metric) * 1000)
+
+
+def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, rounds: int = 2,
+                  engine_threads: int = 1, work_dir: Path | None = None) -> dict[str, object]:
+    work = work_dir or Path(tempfile.mkdtemp(prefix="glm-bench-gateway-"))
+    binary = llama_server_binary()
+    max_level = max(levels)
+    model = write_tiny_llama(work / "tiny.gguf", TinyLlamaSpec(n_ctx_train=65536))
+    per_slot = 256
+    keys = work / "keys"
+    keys.mkdir(exist_ok=True)
+    (keys / "bench").write_text("sk-bench")
+    rows: list[Row] = []
+    with LlamaServer.start(
+        [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np", str(max_level),
+         "-t", str(engine_threads), "--metrics"], work,
+    ) as engine, GatewayProcess.start(
+        engine.url, work, ["--api-keys", str(keys), "--engine-slots", str(max_level)],
+        service_name="bench",
+    ) as gateway:
+        for mode, stream in (("non-streaming", False), ("streaming", True)):
+            for level in levels:
+                requests = max(16, level * 4)
+                direct: list[Sample] = []
+                proxied: list[Sample] = []
+                for _ in range(rounds):
+                    direct.append(asyncio.run(
+                        _load(engine.url, level, stream, tokens, requests, "none")))
+                    proxied.append(asyncio.run(
+                        _load(gateway.url, level, stream, tokens, requests, "sk-bench")))
+                d_tps = statistics.mean(s.tokens_per_second for s in direct)
+                g_tps = statistics.mean(s.tokens_per_second for s in proxied)
+                d_p50 = statistics.median(s.p50_ms for s in direct)
+                g_p50 = statistics.median(s.p50_ms for s in proxied)
+                row = Row(mode, level, round(d_tps, 1), round(g_tps, 1), round(g_tps / d_tps, 3),
+                          round(d_p50, 2), round(g_p50, 2), round(g_p50 - d_p50, 2))
+                rows.append(row)
+                print(f"{mode:14} c={level:<3} direct {d_tps:8.1f} tok/s  gateway {g_tps:8.1f} "
+                      f"tok/s  ratio {row.ratio:.3f}  p50 {d_p50:7.2f} -> {g_p50:7.2f} ms "
+                      f"(+{row.added_ms:.2f})", flush=True)
+        rss_mib = _peak_rss_mib(gateway)
+    print(f"gateway peak RSS {rss_mib:.1f} MiB", flush=True)
+    return {"tokens": tokens, "rounds": rounds, "engine_threads": engine_threads,
+            "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
+
+
+def _peak_rss_mib(gateway: GatewayProcess) -> float:
+    for line in Path(f"/proc/{gateway.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return gateway.rss_bytes() / 2**20
+
+
+def misses(result: dict[str, object]) -> list[str]:
+    """The targets a result misses, in words."""
+    out = []
+    for row in result["rows"]:  # type: ignore[attr-defined]
+        if row["ratio"] < TARGET_RATIO[row["mode"]]:
+            out.append(f"{row['mode']} c={row['concurrency']}: ratio {row['ratio']} < "
+                       f"{TARGET_RATIO[row['mode']]}")
+        if row["concurrency"] == 1 and row["added_ms"] > TARGET_ADDED_MS:
+            out.append(f"{row['mode']} c=1: added {row['added_ms']} ms > {TARGET_ADDED_MS} ms")
+    rss = result["gateway_peak_rss_mib"]
+    if rss >= TARGET_RSS_MIB:  # type: ignore[operator]
+        out.append(f"gateway RSS {rss} MiB >= {TARGET_RSS_MIB} MiB")
+    return out
+
+
+@pytest.mark.bench
+def test_gateway_overhead(tmp_path: Path) -> None:
+    result = run_benchmark(work_dir=tmp_path)
+    (tmp_path / "gateway.json").write_text(json.dumps(result, indent=2))
+    assert result["gateway_peak_rss_mib"] < TARGET_RSS_MIB  # type: ignore[operator]
+    missed = misses(result)
+    assert not missed, "; ".join(missed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,8,32")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
+                           args.rounds, args.engine_threads)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    missed = misses(result)
+    for line in missed:
+        print(f"MISSED: {line}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
