@@ -1,0 +1,139 @@
+"""Fixtures that install glm-operator's CRDs and run the real operator process.
+
+Import them into a test module (`from e2e.operator_fixtures import glm_crds, operator`).
+The operator runs as `glm-operator run` in a subprocess, exactly as in its image, against
+the local control plane; its log is printed when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.kubectl import Kubectl, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+CRDS = sorted((REPO / "crds").glob("*.yaml"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def glm_crds(kubectl: Kubectl) -> list[str]:
+    """glm-operator's generated CRDs, applied and Established."""
+    assert CRDS, "crds/ is empty: run `make crds`"
+    kubectl.apply_files(CRDS, field_manager="glm-e2e-crds")
+    names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in CRDS]
+    for name in names:
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return names
+
+
+class OperatorProcess:
+    def __init__(self, kubectl: Kubectl) -> None:
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
+            prefix="glm-operator-", suffix=".log", delete=False)
+        env = kubectl.env()
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "glm_operator.cli", "run", "--all-namespaces",
+             "--kubeconfig", str(kubectl.kubeconfig),
+             "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+             "--metrics-port", str(self.metrics_port)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+        )
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"glm-operator exited with {self.proc.returncode}:\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=5) as resp:
+            return str(resp.read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def tail(self, lines: int = 80) -> str:
+        text = Path(self.log.name).read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def operator(glm_crds: list[str], kubectl: Kubectl) -> Iterator[OperatorProcess]:
+    """The operator, running until the end of the session."""
+    process = OperatorProcess(kubectl)
+    try:
+        wait_for(process.alive, timeout=60, what="glm-operator liveness endpoint")
+        yield process
+    finally:
+        process.stop()
+        if os.environ.get("GLM_E2E_OPERATOR_LOG"):
+            print(process.tail(400))
+
+
+def report_fetched(kubectl: Kubectl, namespace: str, name: str,
+                   facts: dict[str, Any] | None = None, size: int = 6_170_000_000) -> None:
+    """Write what the fetch Job writes when it has verified and cached the artifact.
+
+    The kwok pods of the fetch Job do not execute anything; the fetcher itself is tested
+    against real servers in e2e/test_fetch*.py. This is its status report, byte for byte the
+    shape `glm_operator.fetch.reporter` sends.
+    """
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    current = kubectl.get_json("modelversion", name, "-n", namespace)
+    conditions = [c for c in current.get("status", {}).get("conditions", [])
+                  if c["type"] not in ("Verified", "Cached")]
+    conditions += [
+        {"type": "Verified", "status": "True", "reason": "Verified", "message": "sha256 ok",
+         "lastTransitionTime": now},
+        {"type": "Cached", "status": "True", "reason": "Downloaded", "message": "cached",
+         "lastTransitionTime": now},
+    ]
+    status: dict[str, Any] = {"phase": "Ready", "sizeBytes": size, "conditions": conditions,
+                              "sha256": "ab" * 32}
+    if facts:
+        status["facts"] = facts
+    import json
+
+    kubectl("patch", "modelversion", name, "-n", namespace, "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": status}))

@@ -1,0 +1,264 @@
+"""The operator at work on the local control plane: real API server, scheduler,
+controller-manager (GC, ReplicaSets, PV binding) and kwok nodes with GPU/NPU capacity."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.kubectl import Kubectl
+from e2e.operator_fixtures import OperatorProcess, glm_crds, operator, report_fetched
+
+__all__ = ["glm_crds", "operator"]  # fixtures used by name
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SERVICE_LABEL = "glm-operator.dev/service"
+Wait = Callable[..., Any]
+
+
+def example(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    docs = {p.stem: yaml.safe_load(p.read_text()) for p in (EXAMPLES / name).glob("*.yaml")}
+    return docs["modelversion"], docs["glmservice"]
+
+
+CPU_MV, CPU_SVC = example("cpu-llamacpp")
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_),
+                None)
+
+
+def glms(kubectl: Kubectl, ns: str, name: str) -> dict[str, Any]:
+    return kubectl.get_json("glmservice", name, "-n", ns)
+
+
+def deploy_model(kubectl: Kubectl, ns: str, mv: dict[str, Any], wait_for: Wait) -> str:
+    """Apply a ModelVersion, wait for the operator's fetch Job, and report it fetched."""
+    kubectl.apply(mv, namespace=ns)
+    name = mv["metadata"]["name"]
+    selector = f"glm-operator.dev/model-version={name}"
+    wait_for(lambda: kubectl.items("jobs", "-n", ns, "-l", selector), timeout=60,
+             what=f"the fetch Job of ModelVersion {name}")
+    report_fetched(kubectl, ns, name)
+    return name
+
+
+def wait_ready(kubectl: Kubectl, ns: str, name: str, wait_for: Wait,
+               timeout: float = 120) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        obj = glms(kubectl, ns, name)
+        cond = condition(obj, "Ready")
+        return obj if cond and cond["status"] == "True" else None
+    result: dict[str, Any] = wait_for(ready, timeout=timeout, what=f"GLMService {name} Ready")
+    return result
+
+
+def service_pods(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
+    return kubectl.items("pods", "-n", ns, "-l", f"{SERVICE_LABEL}={name}")
+
+
+def node_labels(kubectl: Kubectl, node: str) -> dict[str, str]:
+    labels: dict[str, str] = kubectl.get_json("node", node)["metadata"]["labels"]
+    return labels
+
+
+def test_cpu_service_is_planned_scheduled_and_ready(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    mv_name = deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    name = CPU_SVC["metadata"]["name"]
+    obj = wait_ready(kubectl, namespace, name, wait_for)
+
+    status = obj["status"]
+    assert status["stableModelVersion"] == mv_name
+    assert status["readyReplicas"] == 1
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert condition(obj, "Planned")["status"] == "True"  # type: ignore[index]
+    plan = status["plan"]
+    assert plan["engine"] == "llamacpp" and plan["slots"] == 2
+    assert plan["contextPerSlot"] * plan["slots"] >= 8192
+    assert status["endpoint"].startswith("http://") and namespace in status["endpoint"]
+
+    pods = service_pods(kubectl, namespace, name)
+    assert len(pods) == 1
+    node = pods[0]["spec"]["nodeName"]
+    assert "nvidia.com/gpu.product" not in node_labels(kubectl, node)
+    assert "accelerator" not in node_labels(kubectl, node)
+
+    mv = kubectl.get_json("modelversion", mv_name, "-n", namespace)
+    assert condition(mv, "Ready")["status"] == "True"  # type: ignore[index]
+    assert kubectl.exists("pvc", "-n", namespace, "-l", f"glm-operator.dev/model-version={mv_name}")
+
+
+def test_gpu_service_lands_on_a10_nodes_with_gpu_requests(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    mv, svc = example("nvidia-a10-llamacpp")
+    kubectl("create", "secret", "generic", "glm-chat-api-keys", "-n", namespace,
+            "--from-literal=key1=sk-test")
+    deploy_model(kubectl, namespace, mv, wait_for)
+    kubectl.apply(svc, namespace=namespace)
+    name = svc["metadata"]["name"]
+    wait_ready(kubectl, namespace, name, wait_for)
+    pods = service_pods(kubectl, namespace, name)
+    assert pods
+    for pod in pods:
+        labels = node_labels(kubectl, pod["spec"]["nodeName"])
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-A10"
+        engine = next(c for c in pod["spec"]["containers"] if "nvidia.com/gpu" in
+                      c.get("resources", {}).get("limits", {}))
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # autoscaling is set: an HPA exists and the Deployment's replicas are not in our intent
+    assert kubectl.exists("hpa", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
+
+
+def test_context_change_replaces_pods(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    name = CPU_SVC["metadata"]["name"]
+    wait_ready(kubectl, namespace, name, wait_for)
+    before = {p["metadata"]["name"] for p in service_pods(kubectl, namespace, name)}
+
+    changed = copy.deepcopy(CPU_SVC)
+    changed["spec"]["contextLength"] = 4096
+    kubectl.apply(changed, namespace=namespace)
+
+    def rolled() -> bool:
+        pods = service_pods(kubectl, namespace, name)
+        names = {p["metadata"]["name"] for p in pods}
+        return bool(names) and not names & before and all(
+            "4096" in json.dumps(p["spec"]["containers"]) for p in pods)
+    wait_for(rolled, timeout=120, what="pods replaced with the new context length")
+    obj = wait_ready(kubectl, namespace, name, wait_for)
+    assert obj["status"]["plan"]["contextLength"] == 4096
+
+
+def test_deleted_and_edited_children_are_restored(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    name = CPU_SVC["metadata"]["name"]
+    wait_ready(kubectl, namespace, name, wait_for)
+
+    services = kubectl.items("services", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
+    assert services
+    svc_name = services[0]["metadata"]["name"]
+    kubectl("delete", "service", svc_name, "-n", namespace, "--wait=true")
+    wait_for(lambda: kubectl.exists("service", svc_name, "-n", namespace), timeout=60,
+             what="the deleted Service restored")
+
+    deployment = kubectl.items("deployments", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")[0]
+    dep_name = deployment["metadata"]["name"]
+    original = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    kubectl("patch", "deployment", dep_name, "-n", namespace, "--type=json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/template/spec/containers/0/args", "value": ["x"]}]))
+    wait_for(lambda: kubectl.get_json("deployment", dep_name, "-n", namespace)
+             ["spec"]["template"]["spec"]["containers"][0]["args"] == original,
+             timeout=60, what="the edited Deployment args restored")
+
+
+def test_deleting_the_service_garbage_collects_children(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    name = CPU_SVC["metadata"]["name"]
+    wait_ready(kubectl, namespace, name, wait_for)
+    kubectl("delete", "glmservice", name, "-n", namespace, "--wait=true")
+
+    def gone() -> bool:
+        for kind in ("deployments", "replicasets", "pods", "services"):
+            if kubectl.items(kind, "-n", namespace, "-l", f"{SERVICE_LABEL}={name}"):
+                return False
+        return True
+    wait_for(gone, timeout=120, what="every child of the deleted GLMService garbage-collected")
+
+
+def test_missing_model_version_is_a_condition_then_proceeds(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    name = CPU_SVC["metadata"]["name"]
+
+    def model_not_ready() -> dict[str, Any] | None:
+        cond = condition(glms(kubectl, namespace, name), "ModelReady")
+        return cond if cond and cond["status"] == "False" else None
+    cond = wait_for(model_not_ready, timeout=60, what="ModelReady=False")
+    assert cond["reason"] == "ModelVersionNotFound"
+    assert CPU_MV["metadata"]["name"] in cond["message"]
+    assert not kubectl.items("deployments", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
+
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    wait_ready(kubectl, namespace, name, wait_for)
+
+
+def test_two_services_never_select_each_others_pods(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    first = copy.deepcopy(CPU_SVC)
+    second = copy.deepcopy(CPU_SVC)
+    second["metadata"]["name"] = "glm-cpu-b"
+    kubectl.apply([first, second], namespace=namespace)
+    for svc in (first, second):
+        wait_ready(kubectl, namespace, svc["metadata"]["name"], wait_for)
+    pods = kubectl.items("pods", "-n", namespace)
+    for obj in kubectl.items("services", "-n", namespace) + kubectl.items("deployments", "-n",
+                                                                            namespace):
+        selector = obj["spec"]["selector"]
+        selector = selector.get("matchLabels", selector)
+        owner = obj["metadata"]["labels"][SERVICE_LABEL]
+        selected = [p for p in pods
+                    if all(p["metadata"]["labels"].get(k) == v for k, v in selector.items())]
+        assert selected, f"{obj['kind']} {obj['metadata']['name']} selects nothing"
+        assert {p["metadata"]["labels"][SERVICE_LABEL] for p in selected} == {owner}
+
+
+def test_infeasible_plan_is_a_condition_with_numbers_and_no_pods(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    mv, svc = example("nvidia-a10-llamacpp")
+    deploy_model(kubectl, namespace, mv, wait_for)
+    huge = copy.deepcopy(svc)
+    huge["spec"]["contextLength"] = 131072
+    huge["spec"]["concurrency"] = 16
+    kubectl.apply(huge, namespace=namespace)
+    name = huge["metadata"]["name"]
+
+    def planned_false() -> dict[str, Any] | None:
+        cond = condition(glms(kubectl, namespace, name), "Planned")
+        return cond if cond and cond["status"] == "False" else None
+    cond = wait_for(planned_false, timeout=60, what="Planned=False")
+    assert cond["reason"] == "Infeasible"
+    assert "GiB" in cond["message"] and "nvidia-a10" in cond["message"]
+    assert "fits" in cond["message"]  # names the nearest configurations that fit
+    time.sleep(2)
+    assert not kubectl.items("deployments", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
+    ready = condition(glms(kubectl, namespace, name), "Ready")
+    assert ready is not None and ready["status"] == "False"
+
+
+@pytest.mark.parametrize("settle_seconds", [15])
+def test_idle_operator_writes_nothing(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait,
+        settle_seconds: int) -> None:
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=namespace)
+    wait_ready(kubectl, namespace, CPU_SVC["metadata"]["name"], wait_for)
+
+    def others_gone() -> bool:  # earlier tests' namespaces still being deleted cause events
+        return not any(ns["status"].get("phase") == "Terminating"
+                       for ns in kubectl.items("namespaces"))
+    wait_for(others_gone, timeout=180, what="earlier test namespaces deleted")
+    time.sleep(5)  # let the last pod events settle
+
+    def writes() -> float:
+        return sum(operator.metric("glm_operator_api_requests_total", verb=v)
+                   for v in ("apply", "patch", "create", "delete", "update"))
+    before = writes()
+    time.sleep(settle_seconds)
+    assert writes() == before, operator.tail()

@@ -1,0 +1,66 @@
+"""The drift check decides whether the operator writes: it must neither miss drift nor
+report drift that is only server-side defaulting."""
+
+from __future__ import annotations
+
+from glm_operator.controllers.drift import holds_intent, object_holds_intent
+
+DESIRED = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "chat-v1", "namespace": "ns", "labels": {"a": "1"}},
+    "spec": {
+        "selector": {"matchLabels": {"a": "1"}},
+        "template": {"spec": {"containers": [
+            {"name": "engine", "args": ["-c", "8192"], "ports": [{"containerPort": 8000}]},
+        ]}},
+    },
+}
+
+
+def live_copy() -> dict:
+    import copy
+
+    live = copy.deepcopy(DESIRED)
+    # What the API server adds: defaults, server metadata, status.
+    live["metadata"].update(uid="u", resourceVersion="7", generation=2,
+                            managedFields=[{"manager": "x"}])
+    live["metadata"]["labels"]["user-added"] = "yes"
+    container = live["spec"]["template"]["spec"]["containers"][0]
+    container["terminationMessagePath"] = "/dev/termination-log"
+    container["ports"][0]["protocol"] = "TCP"
+    live["spec"]["progressDeadlineSeconds"] = 600
+    live["status"] = {"readyReplicas": 1}
+    return live
+
+
+def test_defaults_and_server_metadata_are_not_drift() -> None:
+    assert object_holds_intent(DESIRED, live_copy())
+
+
+def test_changed_argument_is_drift() -> None:
+    live = live_copy()
+    live["spec"]["template"]["spec"]["containers"][0]["args"][1] = "4096"
+    assert not object_holds_intent(DESIRED, live)
+
+
+def test_removed_label_is_drift() -> None:
+    live = live_copy()
+    del live["metadata"]["labels"]["a"]
+    assert not object_holds_intent(DESIRED, live)
+
+
+def test_extra_list_element_is_drift() -> None:
+    live = live_copy()
+    live["spec"]["template"]["spec"]["containers"].append({"name": "intruder"})
+    assert not object_holds_intent(DESIRED, live)
+
+
+def test_missing_object_is_drift() -> None:
+    assert not object_holds_intent(DESIRED, None)
+
+
+def test_scalars_compare_by_value_not_type_mixing_bools() -> None:
+    assert holds_intent(1, 1.0)
+    assert not holds_intent(True, 1)
+    assert not holds_intent("1", 1)
