@@ -68,6 +68,7 @@ class Gateway:
         self._warmup_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
+        self._children: dict[tuple[str, str, str], Any] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -276,15 +277,27 @@ class Gateway:
             record.duration_ms = elapsed * 1000
             self._observe(record, elapsed)
 
+    def _series(self, kind: str, endpoint: str, extra: str) -> Any:
+        """The labelled child of a metric, cached: labels() costs a lock and a tuple build."""
+        key = (kind, endpoint, extra)
+        child = self._children.get(key)
+        if child is None:
+            labels = self.metrics.labels
+            if kind == "requests":
+                child = self.metrics.requests.labels(**labels, endpoint=endpoint, code=extra)
+            elif kind == "duration":
+                child = self.metrics.duration.labels(**labels, endpoint=endpoint, stream=extra)
+            else:
+                child = self.metrics.ttft.labels(**labels, endpoint=endpoint)
+            self._children[key] = child
+        return child
+
     def _observe(self, record: AuditRecord, elapsed: float) -> None:
-        labels = self.metrics.labels
-        self.metrics.requests.labels(**labels, endpoint=record.endpoint,
-                                     code=str(record.status)).inc()
-        self.metrics.duration.labels(**labels, endpoint=record.endpoint,
-                                     stream="true" if record.stream else "false").observe(elapsed)
+        self._series("requests", record.endpoint, str(record.status)).inc()
+        self._series("duration", record.endpoint,
+                     "true" if record.stream else "false").observe(elapsed)
         if record.ttft_ms is not None:
-            self.metrics.ttft.labels(**labels, endpoint=record.endpoint).observe(
-                record.ttft_ms / 1000)
+            self._series("ttft", record.endpoint, "").observe(record.ttft_ms / 1000)
         if record.prompt_tokens:
             self._prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
