@@ -216,7 +216,7 @@ def build_helm(version: str, out: Path, work: Path) -> None:
 
 
 def build_minio(version: str, out: Path, work: Path) -> None:
-    """The MinIO server binary (`minio`) from github.com/minio/minio (its main package is the root)."""
+    """The MinIO server (`minio`) from github.com/minio/minio, whose main package is the root."""
     module_dir = work / "minio-wrapper"
     _write_module(
         module_dir, "glm-operator.dev/e2e/minio",
