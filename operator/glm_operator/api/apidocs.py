@@ -146,7 +146,9 @@ def _kind_section(kind: Kind) -> str:
         out.append(
             "\nScale subresource: `kubectl scale glms NAME --replicas N` sets `spec.replicas` "
             "(refused while `spec.autoscaling` is set); `status.selector` selects the main "
-            "pool's pods."
+            "pool's pods. `spec.replicas` is never defaulted (a default would collide with "
+            "`autoscaling`), so reading `/scale` of a GLMService without `spec.replicas` "
+            "answers an error from the API server; `kubectl scale` (a patch) works."
         )
     _sections("spec", schema["properties"]["spec"], out)
     _sections("status", schema["properties"]["status"], out)

@@ -59,7 +59,9 @@ class ModelVersionConditionType(StrEnum):
 
 
 def _source_uri_rule() -> str:
-    return " || ".join(f"self.matches('{p}')" for p in SOURCE_URI_PATTERNS.values())
+    # CEL raw strings (r'...'): the patterns hold backslashes, which a plain CEL string
+    # would read as (invalid) escapes.
+    return " || ".join(f"self.matches(r'{p}')" for p in SOURCE_URI_PATTERNS.values())
 
 
 class ModelSource(SpecModel):
