@@ -132,3 +132,24 @@ def test_progress_is_logged(make_gguf: MakeGGUF, tmp_path: Path,
                        FetchOptions(progress_interval_s=0))
     assert any("100.0%" in r.getMessage() for r in caplog.records)
     assert any("verified and stored" in r.getMessage() for r in caplog.records)
+
+
+def test_a_second_fetch_waits_for_the_first(make_gguf: MakeGGUF, tmp_path: Path) -> None:
+    import fcntl
+    import threading
+
+    model = make_gguf("glm4")
+    dest = tmp_path / "c"
+    dest.mkdir()
+    results: list[object] = []
+    with (dest / "m.gguf.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # "another pod" is fetching
+        worker = threading.Thread(target=lambda: results.append(
+            fetch_artifact(_source(model), dest, "m.gguf", FetchOptions())))
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not (dest / "m.gguf").exists()
+        (dest / "m.gguf.lock").unlink()  # what the holder does when it finishes
+    worker.join(10)
+    assert len(results) == 1 and (dest / "m.gguf").exists()
+    assert sorted(p.name for p in dest.iterdir()) == ["m.gguf"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import http.client
 import io
@@ -43,6 +44,7 @@ from glm_operator.fetch.sources import HttpSource, LocalSource, Source
 log = logging.getLogger("glm_operator.fetch")
 
 PARTIAL_SUFFIX = ".partial"
+LOCK_SUFFIX = ".lock"
 CHUNK_BYTES = 1024 * 1024
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIABLE_RANGE = re.compile(r"bytes\s+\*/(\d+)")
@@ -323,9 +325,37 @@ def _verify(path: Path, sha256: str, size: int, source: Source, options: FetchOp
 
 def fetch_artifact(source: Source, dest_dir: Path, filename: str, options: FetchOptions) -> (
         FetchResult):
-    """Make `dest_dir/filename` a verified copy of `source`; raise a FetchError otherwise."""
-    started = time.monotonic()
+    """Make `dest_dir/filename` a verified copy of `source`; raise a FetchError otherwise.
+
+    Holds an exclusive lock on `<name>.lock` meanwhile: a Job's replacement pod may start
+    while the old one is still terminating, and two writers would corrupt one `.partial`.
+    """
     dest_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = dest_dir / (filename + LOCK_SUFFIX)
+    while True:
+        with lock_path.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("%s: another fetch holds %s; waiting for it", source.display,
+                         lock_path)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            # The holder removes the lock file when done: if ours is no longer the file at
+            # that path, lock again, or a third fetch could take the new file concurrently.
+            try:
+                if os.stat(lock_path).st_ino != os.fstat(lock.fileno()).st_ino:
+                    continue
+            except FileNotFoundError:
+                continue
+            try:
+                return _fetch_locked(source, dest_dir, filename, options)
+            finally:
+                lock_path.unlink(missing_ok=True)
+
+
+def _fetch_locked(source: Source, dest_dir: Path, filename: str, options: FetchOptions) -> (
+        FetchResult):
+    started = time.monotonic()
     final = dest_dir / filename
     partial = dest_dir / (filename + PARTIAL_SUFFIX)
 
