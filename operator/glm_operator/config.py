@@ -1,0 +1,160 @@
+"""Operator configuration: images, ports, probe tuning, storage defaults, extra accelerators.
+
+One pydantic model with sensible defaults, read from a YAML file (the Helm chart mounts it)
+and a few environment overrides. A leaf module: it imports only planning's catalog loader,
+so the renderers and the CLI can take an OperatorConfig without pulling in the controllers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic.alias_generators import to_camel
+
+from glm_operator import __version__
+from glm_operator.planning.accelerators import (
+    DEFAULT_IMAGE_REGISTRY,
+    AcceleratorProfile,
+    check_pinned_image,
+    load_profiles,
+)
+
+CONFIG_FILE_ENV = "GLM_OPERATOR_CONFIG"
+# Environment overrides applied over the file (the Helm chart sets the image ones).
+ENV_OVERRIDES: dict[str, str] = {
+    "GLM_OPERATOR_IMAGE_REGISTRY": "image_registry",
+    "GLM_OPERATOR_IMAGE_TAG": "image_tag",
+    "GLM_OPERATOR_DEFAULT_STORAGE_CLASS": "default_storage_class",
+}
+
+_MODEL = ConfigDict(
+    alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+    protected_namespaces=(),
+)
+
+
+class ProbeTuning(BaseModel):
+    """How long a model may take to load before its pod is restarted.
+
+    The engine's startup probe allows size / loadThroughput + margin seconds: a 20 GB GGUF on
+    a network volume read at 100 MiB/s needs ~200 s, far beyond the 30 s that killed pods
+    in the field reports.
+    """
+
+    model_config = _MODEL
+
+    load_throughput_mib_per_second: int = Field(default=100, ge=1)
+    startup_margin_seconds: int = Field(default=120, ge=0)
+    # vLLM also profiles memory, captures CUDA graphs and may compile: extra time on top.
+    vllm_startup_extra_seconds: int = Field(default=300, ge=0)
+    startup_period_seconds: int = Field(default=10, ge=1)
+    min_startup_seconds: int = Field(default=300, ge=10)
+    liveness_period_seconds: int = Field(default=30, ge=1)
+    liveness_failure_threshold: int = Field(default=5, ge=1)
+    readiness_period_seconds: int = Field(default=5, ge=1)
+    timeout_seconds: int = Field(default=10, ge=1)
+
+
+class ContainerResources(BaseModel):
+    """Fixed requests/limits for our own small containers (gateway, fetcher)."""
+
+    model_config = _MODEL
+
+    cpu_request: str = "100m"
+    memory_request: str = "128Mi"
+    cpu_limit: str = "1"
+    memory_limit: str = "512Mi"
+
+
+class FetchSettings(BaseModel):
+    """The ModelVersion fetch Job."""
+
+    model_config = _MODEL
+
+    backoff_limit: int = Field(default=3, ge=0, le=20)
+    # Slowest download rate we still wait for; sizes activeDeadlineSeconds from the size.
+    min_throughput_mib_per_second: int = Field(default=10, ge=1)
+    min_deadline_seconds: int = Field(default=1800, ge=60)
+    unknown_size_deadline_seconds: int = Field(default=6 * 3600, ge=60)
+    default_cache_size: str = Field(default="100Gi", description="PVC size when nothing says.")
+    resources: ContainerResources = Field(
+        default_factory=lambda: ContainerResources(
+            cpu_request="250m", memory_request="256Mi", cpu_limit="2", memory_limit="1Gi"
+        )
+    )
+
+
+class OperatorConfig(BaseModel):
+    """Everything the renderers need beyond the GLMService and ModelVersion themselves."""
+
+    model_config = _MODEL
+
+    image_registry: str = Field(default=DEFAULT_IMAGE_REGISTRY, min_length=1)
+    image_tag: str = Field(default=__version__, min_length=1)
+    gateway_port: int = Field(default=8080, ge=1, le=65535)
+    engine_port: int = Field(default=8081, ge=1, le=65535)
+    # Numeric, so `runAsNonRoot` can be checked by the kubelet without reading /etc/passwd.
+    run_as_user: int = Field(default=65532, ge=1)
+    run_as_group: int = Field(default=65532, ge=1)
+    default_storage_class: str | None = None
+    accelerator_profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    probes: ProbeTuning = Field(default_factory=ProbeTuning)
+    gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
+    fetch: FetchSettings = Field(default_factory=FetchSettings)
+    cluster_domain: str = "cluster.local"
+
+    _profiles: Mapping[str, AcceleratorProfile] | None = PrivateAttr(default=None)
+
+    @field_validator("image_tag")
+    @classmethod
+    def _pinned(cls, tag: str) -> str:
+        if tag == "latest":
+            raise ValueError("imageTag must be a pinned version, never latest")
+        return tag
+
+    def model_post_init(self, _context: Any) -> None:
+        if self.gateway_port == self.engine_port:
+            raise ValueError("gatewayPort and enginePort must differ")
+        check_pinned_image(self.operator_image, where="operator config")
+        # Validate the profiles now (a bad config fails at start-up, not at first reconcile).
+        self._profiles = load_profiles(
+            self.accelerator_profiles, registry=self.image_registry, tag=self.image_tag
+        )
+
+    @classmethod
+    def load(cls, path: Path | str | None = None) -> OperatorConfig:
+        """`load_config` as a constructor: the file (or $GLM_OPERATOR_CONFIG) + env."""
+        return load_config(Path(path) if path is not None else None)
+
+    @property
+    def operator_image(self) -> str:
+        """Our own image: `glm-operator gateway` and `glm-operator fetch` run from it."""
+        return f"{self.image_registry.rstrip('/')}/glm-operator:{self.image_tag}"
+
+    @property
+    def profiles(self) -> Mapping[str, AcceleratorProfile]:
+        assert self._profiles is not None
+        return self._profiles
+
+
+def load_config(
+    path: Path | None = None, environ: Mapping[str, str] | None = None
+) -> OperatorConfig:
+    """Read the config file (path, else $GLM_OPERATOR_CONFIG, else defaults) + env overrides."""
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    source = path or (Path(env[CONFIG_FILE_ENV]) if env.get(CONFIG_FILE_ENV) else None)
+    if source is not None:
+        loaded = yaml.safe_load(source.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{source}: operator config must be a mapping")
+        data.update(loaded)
+    for variable, field in ENV_OVERRIDES.items():
+        if env.get(variable):
+            data[to_camel(field)] = env[variable]
+    return OperatorConfig.model_validate(data)

@@ -1,0 +1,83 @@
+"""The Deployment of one pool (main or long-context) of one service at one model version."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from typing import Any
+
+from glm_operator.planning.planner import Plan
+from glm_operator.render.environment import render_object
+from glm_operator.render.meta import object_meta
+from glm_operator.render.names import LABEL_PREFIX, common_labels, dns_name, pool_selector
+from glm_operator.render.pod import PoolContext, pod_spec, startup_seconds
+
+MAIN_POOL = "main"
+LONG_CONTEXT_POOL = "long-context"
+PLAN_HASH_ANNOTATION = f"{LABEL_PREFIX}/plan-hash"
+# Set where `replicas` is left out of the intent (an HPA or the gateway's wake-up owns it):
+# the replicas to create the Deployment with. Applying without `replicas` would create 1.
+INITIAL_REPLICAS_ANNOTATION = f"{LABEL_PREFIX}/initial-replicas"
+ENGINE_COMPONENT = "engine"
+
+
+def deployment_name(service: str, version: str, pool: str) -> str:
+    return dns_name(service, version, "lc" if pool == LONG_CONTEXT_POOL else "")
+
+
+def plan_hash(plan: Plan) -> str:
+    """Short hash of what the plan decides; a new plan rolls the pods (and says so)."""
+    decided = {
+        "engine": plan.request.engine,
+        "profile": plan.profile.name,
+        "count": plan.request.count,
+        "llamacpp": asdict(plan.llamacpp) if plan.llamacpp else None,
+        "vllm": asdict(plan.vllm) if plan.vllm else None,
+        "resources": asdict(plan.resources),
+    }
+    return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def pool_labels(ctx: PoolContext) -> dict[str, str]:
+    labels = common_labels(ctx.service_name, ENGINE_COMPONENT)
+    labels.update(pool_selector(ctx.service_name, ctx.version, ctx.pool))
+    return labels
+
+
+def desired_replicas(ctx: PoolContext) -> tuple[int | None, int]:
+    """(replicas in the intent or None, replicas to create with)."""
+    spec = ctx.service.spec
+    if ctx.pool == LONG_CONTEXT_POOL:
+        assert spec.long_context is not None
+        return None, spec.long_context.min_replicas
+    if spec.autoscaling is not None:
+        return None, spec.autoscaling.min_replicas
+    return spec.effective_replicas, spec.effective_replicas
+
+
+def build_deployment(ctx: PoolContext, owner: dict[str, Any] | None) -> dict[str, Any]:
+    labels = pool_labels(ctx)
+    replicas, initial = desired_replicas(ctx)
+    annotations = {INITIAL_REPLICAS_ANNOTATION: str(initial)} if replicas is None else None
+    pod_labels = dict(labels)
+    overrides = ctx.service.spec.pod_overrides
+    pod_annotations: dict[str, str] = {}
+    if overrides is not None:
+        pod_labels.update(overrides.labels or {})
+        pod_annotations.update(overrides.annotations or {})
+    pod_annotations[PLAN_HASH_ANNOTATION] = plan_hash(ctx.plan)
+    return render_object(
+        "deployment.yaml.j2",
+        metadata=object_meta(
+            deployment_name(ctx.service_name, ctx.version, ctx.pool), ctx.namespace, labels,
+            owner, annotations,
+        ),
+        replicas=replicas,
+        # The rollout waits for a slow model load before calling the Deployment stuck.
+        progress_deadline_seconds=startup_seconds(ctx) + 600,
+        selector=pool_selector(ctx.service_name, ctx.version, ctx.pool),
+        pod_labels=pod_labels,
+        pod_annotations=pod_annotations,
+        pod_spec=pod_spec(ctx),
+    )

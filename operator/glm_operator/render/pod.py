@@ -1,0 +1,403 @@
+"""The engine pod: engine container + gateway sidecar, volumes, scheduling, probes, security.
+
+Pure functions from a `PoolContext` (everything one pool of one service needs) to plain
+dicts; the Deployment template places them. Key order is fixed, so the same inputs always
+give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from glm_operator.api.glmservice import GLMService
+from glm_operator.api.modelversion import ModelVersion
+from glm_operator.config import OperatorConfig
+from glm_operator.planning import memory as mem
+from glm_operator.planning.planner import Plan
+from glm_operator.render.engine_args import engine_argv
+from glm_operator.render.names import dns_name
+from glm_operator.render.quantity import cpu_quantity, memory_quantity
+
+MODEL_MOUNT = "/models"
+API_KEYS_MOUNT = "/etc/glm-operator/api-keys"
+ENGINE_CONTAINER = "engine"
+GATEWAY_CONTAINER = "gateway"
+ENGINE_PORT_NAME = "engine"
+GATEWAY_PORT_NAME = "http"
+ENGINE_HEALTH_PATH = "/health"  # llama-server and vLLM: 503 while loading, 200 once loaded
+TMP_SIZE = {"llamacpp": 1 * mem.GiB, "vllm": 20 * mem.GiB}  # vLLM: torch.compile/triton caches
+GATEWAY_TMP_SIZE = 64 * mem.MiB
+TERMINATION_GRACE_SECONDS = 30  # the gateway drains within 25 s (gateway/cli.py)
+
+# vLLM writes caches under $HOME and downloads nothing: the root filesystem is read-only and
+# the model is already on the volume.
+_VLLM_ENV: tuple[tuple[str, str], ...] = (
+    ("HOME", "/tmp"),
+    ("XDG_CACHE_HOME", "/tmp/.cache"),
+    ("HF_HOME", "/tmp/.cache/huggingface"),
+    ("VLLM_CACHE_ROOT", "/tmp/.cache/vllm"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("VLLM_NO_USAGE_STATS", "1"),
+    ("DO_NOT_TRACK", "1"),
+)
+_LLAMACPP_ENV: tuple[tuple[str, str], ...] = (("HOME", "/tmp"),)
+
+
+class RenderInputError(ValueError):
+    """The inputs cannot be rendered (infeasible plan, missing fields): names the field."""
+
+
+@dataclass(frozen=True)
+class PoolContext:
+    """One pool (main or long-context) of one service at one model version."""
+
+    service: GLMService
+    model_version: ModelVersion
+    plan: Plan
+    config: OperatorConfig
+    pool: str  # "main" | "long-context"
+    namespace: str
+    # The long-context pool as the main pool's gateway sees it (None: no overflow pool).
+    long_context_url: str | None = None
+    long_context_deployment: str | None = None
+    service_account: str | None = None
+
+    @property
+    def engine(self) -> str:
+        return self.plan.request.engine
+
+    @property
+    def service_name(self) -> str:
+        return self.service.metadata.name or ""
+
+    @property
+    def version(self) -> str:
+        return self.model_version.metadata.name or ""
+
+
+# ---------------------------------------------------------------- model location
+
+
+def cache_claim_name(model_version: ModelVersion) -> str:
+    """The PVC the ModelVersion's artifact is cached in (status wins: the fetch reported it)."""
+    cache = model_version.status.cache
+    if cache is not None and cache.claim_name:
+        return cache.claim_name
+    return dns_name(model_version.metadata.name or "", "cache")
+
+
+def model_relative_path(model_version: ModelVersion) -> str:
+    """Path of the model inside the cache PVC: as the fetch reported it, else the source's
+    file name (what the fetch Job writes by default)."""
+    cache = model_version.status.cache
+    if cache is not None and cache.path:
+        return cache.path.lstrip("/")
+    path = urlsplit(model_version.spec.source.uri).path.rstrip("/")
+    name = path.rsplit("/", 1)[-1]
+    if not name:
+        raise RenderInputError(
+            f"ModelVersion {model_version.metadata.name}: spec.source.uri names no file"
+        )
+    return name
+
+
+def model_size_bytes(model_version: ModelVersion, plan: Plan) -> int:
+    """Measured size, else declared, else the planner's weight estimate."""
+    if model_version.status.size_bytes:
+        return model_version.status.size_bytes
+    facts = model_version.spec.facts
+    if facts is not None and facts.size_bytes:
+        return facts.size_bytes
+    return mem.weights_bytes(plan.request.facts, plan.request.quantization).bytes
+
+
+# ---------------------------------------------------------------- security
+
+
+def pod_security_context(config: OperatorConfig) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_group,
+        "fsGroup": config.run_as_group,  # the cache PVC and Secret files readable by the pod
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(config: OperatorConfig) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_group,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+# ---------------------------------------------------------------- probes
+
+
+def _http_probe(path: str, port: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def startup_seconds(ctx: PoolContext) -> int:
+    """Time a replica may take to load: size / assumed read throughput + margin."""
+    tuning = ctx.config.probes
+    size = model_size_bytes(ctx.model_version, ctx.plan)
+    if ctx.engine == "vllm":
+        size //= max(1, ctx.plan.request.count)  # every rank reads its own shard in parallel
+    seconds = size / (tuning.load_throughput_mib_per_second * mem.MiB)
+    seconds += tuning.startup_margin_seconds
+    if ctx.engine == "vllm":
+        seconds += tuning.vllm_startup_extra_seconds
+    return max(tuning.min_startup_seconds, math.ceil(seconds))
+
+
+def engine_probes(ctx: PoolContext) -> dict[str, dict[str, Any]]:
+    tuning = ctx.config.probes
+    period = tuning.startup_period_seconds
+    return {
+        # /health answers 503 until the weights are loaded; liveness waits for this.
+        "startupProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME, period,
+                                    math.ceil(startup_seconds(ctx) / period),
+                                    tuning.timeout_seconds),
+        "readinessProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME,
+                                      tuning.readiness_period_seconds, 3, tuning.timeout_seconds),
+        # Generous: a busy engine answers /health late; restarting it reloads the whole model.
+        "livenessProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME,
+                                     tuning.liveness_period_seconds,
+                                     tuning.liveness_failure_threshold, tuning.timeout_seconds),
+    }
+
+
+def gateway_probes(config: OperatorConfig) -> dict[str, dict[str, Any]]:
+    tuning = config.probes
+    return {
+        "startupProbe": _http_probe("/healthz", GATEWAY_PORT_NAME, 2, 30, 5),
+        # /readyz: engine loaded and one warm-up request answered; gates Service traffic.
+        "readinessProbe": _http_probe("/readyz", GATEWAY_PORT_NAME,
+                                      tuning.readiness_period_seconds, 3, 5),
+        "livenessProbe": _http_probe("/healthz", GATEWAY_PORT_NAME, 20, 3, 5),
+    }
+
+
+# ---------------------------------------------------------------- resources
+
+
+def _override_values(values: Mapping[str, str | int] | None, device: str | None) -> dict[str, str]:
+    # The device count is the plan's (tensor parallel, node fit): never overridden.
+    return {k: str(v) for k, v in (values or {}).items() if k != device}
+
+
+def engine_resources(ctx: PoolContext) -> dict[str, dict[str, str]]:
+    res = ctx.plan.resources
+    cpu = cpu_quantity(res.cpu_request)
+    requests = {"cpu": cpu, "memory": memory_quantity(res.memory_request_bytes)}
+    limits = {"cpu": cpu, "memory": memory_quantity(res.memory_limit_bytes)}
+    device = res.resource_name
+    if device and res.devices:
+        # Extended resources: request must equal limit. On Ascend the device plugin also
+        # injects ASCEND_VISIBLE_DEVICES with the NPUs it allocated (as NVIDIA's does with
+        # NVIDIA_VISIBLE_DEVICES): the pod must not set it itself.
+        requests[device] = limits[device] = str(res.devices)
+    overrides = ctx.service.spec.pod_overrides
+    if overrides is not None and overrides.resources is not None:
+        requests.update(_override_values(overrides.resources.requests, device))
+        limits.update(_override_values(overrides.resources.limits, device))
+    return {"requests": requests, "limits": limits}
+
+
+def gateway_resources(config: OperatorConfig) -> dict[str, dict[str, str]]:
+    r = config.gateway_resources
+    return {
+        "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
+        "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit},
+    }
+
+
+# ---------------------------------------------------------------- containers
+
+
+def _env_list(pairs: tuple[tuple[str, str], ...], extra: list[tuple[str, str]]) -> list[Any]:
+    merged = dict(pairs)
+    merged.update(extra)  # a user's podOverrides.env wins over our defaults
+    return [{"name": k, "value": v} for k, v in merged.items()]
+
+
+def engine_image(ctx: PoolContext) -> str:
+    overrides = ctx.service.spec.pod_overrides
+    if overrides is not None and overrides.image:
+        return overrides.image
+    return ctx.plan.profile.images[ctx.plan.request.engine]
+
+
+def engine_container(ctx: PoolContext) -> dict[str, Any]:
+    config = ctx.config
+    argv = engine_argv(
+        ctx.plan,
+        f"{MODEL_MOUNT}/{model_relative_path(ctx.model_version)}",
+        config.engine_port,
+        ctx.service_name,
+        ctx.service.spec.engine_args or (),
+    )
+    split = 2 if ctx.engine == "vllm" else 1  # `vllm serve` vs `llama-server`
+    overrides = ctx.service.spec.pod_overrides
+    user_env = [(e.name, e.value) for e in (overrides.env or [])] if overrides else []
+    mounts: list[dict[str, Any]] = [
+        {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if ctx.plan.resources.shared_memory_bytes:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return {
+        "name": ENGINE_CONTAINER,
+        "image": engine_image(ctx),
+        "command": argv[:split],
+        "args": argv[split:],
+        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": config.engine_port,
+                   "protocol": "TCP"}],
+        "env": _env_list(_VLLM_ENV if ctx.engine == "vllm" else _LLAMACPP_ENV, user_env),
+        "resources": engine_resources(ctx),
+        "volumeMounts": mounts,
+        **engine_probes(ctx),
+        "securityContext": container_security_context(config),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def rate_limit_args(service: GLMService) -> list[str]:
+    """requestsPerMinute -> the gateway's per-second bucket; burst defaults to 10 s worth."""
+    limit = service.spec.gateway.rate_limit
+    if limit is None or limit.requests_per_minute is None:
+        return []
+    rps = limit.requests_per_minute / 60
+    burst = limit.burst or max(1, limit.requests_per_minute // 6)
+    return ["--rate-limit-rps", f"{rps:.6g}", "--rate-limit-burst", str(burst)]
+
+
+def engine_context_and_slots(plan: Plan) -> tuple[int, int]:
+    if plan.llamacpp is not None:
+        return plan.llamacpp.ctx_per_slot, plan.llamacpp.parallel
+    if plan.vllm is not None:
+        return plan.vllm.max_model_len, plan.vllm.max_num_seqs
+    raise RenderInputError("plan has neither llama.cpp nor vLLM settings")
+
+
+def gateway_container(ctx: PoolContext) -> dict[str, Any]:
+    config = ctx.config
+    context, slots = engine_context_and_slots(ctx.plan)
+    gw = ctx.service.spec.gateway
+    args = [
+        "gateway",
+        "--port", str(config.gateway_port),
+        "--engine-url", f"http://127.0.0.1:{config.engine_port}",
+        "--service-name", ctx.service_name,
+        "--model-version", ctx.version,
+        "--pool", ctx.pool,
+        "--namespace", ctx.namespace,
+        "--context-length", str(context),
+        "--engine-slots", str(slots),
+    ]  # fmt: skip
+    if ctx.long_context_url and ctx.long_context_deployment:
+        args += ["--long-context-url", ctx.long_context_url,
+                 "--long-context-deployment", ctx.long_context_deployment]
+    mounts: list[dict[str, Any]] = [{"name": "gateway-tmp", "mountPath": "/tmp"}]
+    if gw.api_keys_secret:
+        args += ["--api-keys", API_KEYS_MOUNT]
+        # A directory mount (no subPath): the kubelet updates it when keys rotate.
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True})
+    args += rate_limit_args(ctx.service)
+    args += ["--audit", "stdout" if gw.audit.enabled else "off"]
+    if gw.audit.enabled and gw.audit.include_prompts:
+        args.append("--audit-include-text")
+    return {
+        "name": GATEWAY_CONTAINER,
+        "image": config.operator_image,
+        "command": ["glm-operator"],
+        "args": args,
+        "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": config.gateway_port,
+                   "protocol": "TCP"}],
+        "resources": gateway_resources(config),
+        "volumeMounts": mounts,
+        **gateway_probes(config),
+        "securityContext": container_security_context(config),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+# ---------------------------------------------------------------- scheduling and volumes
+
+
+def node_affinity(plan: Plan) -> dict[str, Any] | None:
+    """Required node affinity on the labels GPU Feature Discovery / the Ascend plugin publish."""
+    labels = plan.profile.node_labels
+    if not labels:
+        return None
+    expressions = [{"key": k, "operator": "In", "values": list(v)} for k, v in labels.items()]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}
+
+
+def tolerations(ctx: PoolContext) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [t.to_dict() for t in ctx.plan.profile.tolerations]
+    overrides = ctx.service.spec.pod_overrides
+    if overrides is not None and overrides.tolerations:
+        out += [t.model_dump(by_alias=True, exclude_none=True) for t in overrides.tolerations]
+    return out
+
+
+def volumes(ctx: PoolContext) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"name": "model", "persistentVolumeClaim": {
+            "claimName": cache_claim_name(ctx.model_version), "readOnly": True}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": memory_quantity(TMP_SIZE[ctx.engine])}},
+        {"name": "gateway-tmp", "emptyDir": {"sizeLimit": memory_quantity(GATEWAY_TMP_SIZE)}},
+    ]
+    shm = ctx.plan.resources.shared_memory_bytes
+    if shm:
+        # Tensor-parallel workers exchange tensors through /dev/shm (64 MiB by default).
+        out.append({"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                 "sizeLimit": memory_quantity(shm)}})
+    secret = ctx.service.spec.gateway.api_keys_secret
+    if secret:
+        out.append({"name": "api-keys", "secret": {"secretName": secret, "defaultMode": 0o440}})
+    return out
+
+
+def pod_spec(ctx: PoolContext) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    if ctx.service_account:
+        spec["serviceAccountName"] = ctx.service_account
+    # Only a gateway that wakes the long-context pool talks to the API server.
+    spec["automountServiceAccountToken"] = bool(ctx.service_account)
+    spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
+    spec["securityContext"] = pod_security_context(ctx.config)
+    overrides = ctx.service.spec.pod_overrides
+    if overrides is not None and overrides.priority_class_name:
+        spec["priorityClassName"] = overrides.priority_class_name
+    if overrides is not None and overrides.node_selector:
+        spec["nodeSelector"] = dict(overrides.node_selector)
+    affinity = overrides.affinity if overrides is not None and overrides.affinity else None
+    affinity = affinity or node_affinity(ctx.plan)
+    if affinity:
+        spec["affinity"] = affinity
+    tol = tolerations(ctx)
+    if tol:
+        spec["tolerations"] = tol
+    spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
+    spec["containers"] = [engine_container(ctx), gateway_container(ctx)]
+    spec["volumes"] = volumes(ctx)
+    return spec

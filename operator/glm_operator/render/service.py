@@ -1,0 +1,203 @@
+"""Every child of one GLMService at one model version: the entry point controllers call.
+
+    render_service(ServiceInputs(...)) -> [Deployment main, (Deployment long-context),
+        Service main, (Service long-context), (HPA), (ServiceMonitor),
+        (ServiceAccount, Role, RoleBinding for the gateway's wake-up)]
+
+Pure: validated API objects and plans in, plain dicts out, in a fixed order. Children that
+belong to the service as a whole (Services, ServiceMonitor, gateway ServiceAccount) carry no
+version label; children of one version (Deployments, HPA, Role) do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from glm_operator.api.glmservice import GLMService
+from glm_operator.api.modelversion import ModelVersion
+from glm_operator.config import OperatorConfig
+from glm_operator.planning.planner import Plan
+from glm_operator.render.autoscaling import build_hpa
+from glm_operator.render.deployment import (
+    ENGINE_COMPONENT,
+    LONG_CONTEXT_POOL,
+    MAIN_POOL,
+    build_deployment,
+    deployment_name,
+)
+from glm_operator.render.environment import render_object
+from glm_operator.render.meta import object_meta, owner_reference
+from glm_operator.render.monitoring import build_service_monitor
+from glm_operator.render.names import (
+    POOL_LABEL,
+    SERVICE_LABEL,
+    VERSION_LABEL,
+    common_labels,
+    dns_name,
+    label_value,
+)
+from glm_operator.render.pod import GATEWAY_PORT_NAME, PoolContext, RenderInputError
+from glm_operator.render.rbac import (
+    build_role,
+    build_role_binding,
+    build_service_account,
+    scale_rules,
+)
+from glm_operator.render.status import plan_summary
+
+__all__ = [
+    "Capabilities",
+    "ServiceInputs",
+    "endpoint_url",
+    "plan_summary",
+    "render_service",
+    "service_name_for",
+]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Which optional CRDs exist in the cluster."""
+
+    service_monitor: bool = False
+    istio: bool = False
+
+
+@dataclass(frozen=True)
+class ServiceInputs:
+    service: GLMService  # validated, metadata.name/namespace/uid set
+    model_version: ModelVersion
+    plan: Plan  # main pool plan, feasible
+    long_context_plan: Plan | None  # when spec.longContext.enabled
+    config: OperatorConfig
+    capabilities: Capabilities
+    # Offline rendering (`glm-operator render`) has no uid to point ownerReferences at.
+    with_owner_references: bool = True
+
+
+def main_service_name(service: str) -> str:
+    return dns_name(service)
+
+
+def long_context_service_name(service: str) -> str:
+    return dns_name(service, "lc")
+
+
+def service_name_for(service: GLMService, pool: str) -> str:
+    """The Service of one pool ("main" or "long-context") of a GLMService."""
+    name = service.metadata.name or ""
+    return long_context_service_name(name) if pool == LONG_CONTEXT_POOL else main_service_name(name)
+
+
+def gateway_service_account_name(service: str) -> str:
+    return dns_name(service, "gateway")
+
+
+def service_url(name: str, namespace: str, config: OperatorConfig) -> str:
+    return f"http://{name}.{namespace}.svc.{config.cluster_domain}:{config.gateway_port}"
+
+
+def endpoint_url(service: GLMService, config: OperatorConfig) -> str:
+    """The in-cluster OpenAI base URL (status.endpoint)."""
+    name = service.metadata.name or ""
+    return service_url(main_service_name(name), service.metadata.namespace or "", config) + "/v1"
+
+
+def build_service(
+    name: str,
+    namespace: str,
+    service: str,
+    pool: str,
+    owner: dict[str, Any] | None,
+    config: OperatorConfig,
+) -> dict[str, Any]:
+    """Service of one pool; it selects every version (the version split is the Deployments')."""
+    labels = common_labels(service, "endpoint")
+    labels[POOL_LABEL] = pool
+    return render_object(
+        "service.yaml.j2",
+        metadata=object_meta(name, namespace, labels, owner),
+        selector={SERVICE_LABEL: label_value(service), POOL_LABEL: pool},
+        ports=[{"name": GATEWAY_PORT_NAME, "port": config.gateway_port,
+                "targetPort": GATEWAY_PORT_NAME, "protocol": "TCP"}],
+    )
+
+
+def _check(inputs: ServiceInputs) -> tuple[str, str]:
+    meta = inputs.service.metadata
+    if not meta.name or not meta.namespace:
+        raise RenderInputError("GLMService: metadata.name and metadata.namespace are required")
+    if not inputs.model_version.metadata.name:
+        raise RenderInputError("ModelVersion: metadata.name is required")
+    for what, plan in (("main", inputs.plan), ("long-context", inputs.long_context_plan)):
+        if plan is not None and not plan.feasible:
+            raise RenderInputError(
+                f"GLMService {meta.name}: the {what} pool's plan is not feasible: {plan.reason}"
+            )
+    lc = inputs.service.spec.long_context
+    if lc is not None and lc.enabled and inputs.long_context_plan is None:
+        raise RenderInputError(
+            f"GLMService {meta.name}: spec.longContext is enabled but no long-context plan "
+            "was given"
+        )
+    return meta.name, meta.namespace
+
+
+def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
+    """Every child of the service at inputs.model_version, owner references and labels set."""
+    name, namespace = _check(inputs)
+    svc, config = inputs.service, inputs.config
+    version = inputs.model_version.metadata.name or ""
+    owner = owner_reference(svc) if inputs.with_owner_references else None
+    lc_enabled = svc.spec.long_context is not None and svc.spec.long_context.enabled
+    lc_plan = inputs.long_context_plan if lc_enabled else None
+
+    lc_deployment = deployment_name(name, version, LONG_CONTEXT_POOL)
+    gateway_sa = gateway_service_account_name(name) if lc_plan is not None else None
+    main = PoolContext(
+        service=svc, model_version=inputs.model_version, plan=inputs.plan, config=config,
+        pool=MAIN_POOL, namespace=namespace,
+        long_context_url=(service_url(long_context_service_name(name), namespace, config)
+                          if lc_plan is not None else None),
+        long_context_deployment=lc_deployment if lc_plan is not None else None,
+        service_account=gateway_sa,
+    )
+    objects = [build_deployment(main, owner)]
+    if lc_plan is not None:
+        objects.append(build_deployment(
+            PoolContext(service=svc, model_version=inputs.model_version, plan=lc_plan,
+                        config=config, pool=LONG_CONTEXT_POOL, namespace=namespace),
+            owner,
+        ))
+    objects.append(build_service(main_service_name(name), namespace, name, MAIN_POOL, owner,
+                                 config))
+    if lc_plan is not None:
+        objects.append(build_service(long_context_service_name(name), namespace, name,
+                                     LONG_CONTEXT_POOL, owner, config))
+
+    version_labels = common_labels(name, ENGINE_COMPONENT)
+    version_labels[VERSION_LABEL] = label_value(version)
+    if svc.spec.autoscaling is not None:
+        hpa_labels = {**version_labels, POOL_LABEL: MAIN_POOL}
+        objects.append(build_hpa(deployment_name(name, version, MAIN_POOL), namespace,
+                                 hpa_labels, owner, deployment_name(name, version, MAIN_POOL),
+                                 svc.spec.autoscaling))
+    if inputs.capabilities.service_monitor:
+        objects.append(build_service_monitor(
+            dns_name(name), namespace, common_labels(name, "monitoring"), owner,
+            {SERVICE_LABEL: label_value(name), "app.kubernetes.io/component": "endpoint"},
+            GATEWAY_PORT_NAME,
+        ))
+    if gateway_sa is not None:
+        sa_labels = common_labels(name, "gateway")
+        role = dns_name(name, version, "lc-scaler")
+        objects += [
+            build_service_account(gateway_sa, namespace, sa_labels, owner),
+            build_role(role, namespace, {**sa_labels, VERSION_LABEL: label_value(version)},
+                       owner, scale_rules(lc_deployment)),
+            build_role_binding(role, namespace,
+                               {**sa_labels, VERSION_LABEL: label_value(version)}, owner,
+                               role, gateway_sa),
+        ]
+    return objects

@@ -1,0 +1,119 @@
+"""Checks every rendered object must pass, whatever the input (vexxhost-style invariants)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from glm_operator.render.names import SERVICE_LABEL, VERSION_LABEL
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "ash", "dash", "zsh"}
+SECURE_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
+
+
+def _pod_template(obj: dict[str, Any]) -> dict[str, Any] | None:
+    if obj["kind"] in ("Deployment", "Job"):
+        template: dict[str, Any] = obj["spec"]["template"]
+        return template
+    return None
+
+
+def container_problems(where: str, c: dict[str, Any], pod_sc: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    name = f"{where} container {c.get('name')}"
+    image = c.get("image", "")
+    tag = image.rpartition(":")[2] if ":" in image.rsplit("/", 1)[-1] else ""
+    if "@sha256:" not in image and (not tag or tag == "latest"):
+        out.append(f"{name}: image {image!r} is not pinned to a tag")
+    for key in ("command", "args"):
+        value = c.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+            out.append(f"{name}: {key} must be a list of strings")
+    argv = [*c.get("command", []), *c.get("args", [])]
+    if argv and argv[0] in SHELLS:
+        out.append(f"{name}: runs a shell ({argv[:2]})")
+    if "-c" in argv and any(a in SHELLS for a in argv):
+        out.append(f"{name}: shell string (sh -c)")
+    resources = c.get("resources", {})
+    for kind in ("requests", "limits"):
+        for res in ("cpu", "memory"):
+            if res not in resources.get(kind, {}):
+                out.append(f"{name}: no {res} in resources.{kind}")
+    for res, qty in resources.get("limits", {}).items():
+        if "/" in res and resources.get("requests", {}).get(res) != qty:
+            out.append(f"{name}: device {res} request must equal its limit")
+    sc = c.get("securityContext", {})
+    for key, want in SECURE_CONTAINER.items():
+        if sc.get(key) != want:
+            out.append(f"{name}: securityContext.{key} must be {want}")
+    if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+        out.append(f"{name}: securityContext.capabilities.drop must be [ALL]")
+    seccomp = sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}
+    if seccomp.get("type") != "RuntimeDefault":
+        out.append(f"{name}: seccompProfile must be RuntimeDefault")
+    user = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    if not isinstance(user, int) or user == 0:
+        out.append(f"{name}: runAsUser must be a numeric non-root uid")
+    ports = {p["name"] for p in c.get("ports", [])}
+    if ports:  # it serves: it must say when it is started, ready and alive
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if probe not in c:
+                out.append(f"{name}: serves but has no {probe}")
+            elif c[probe].get("httpGet", {}).get("port") not in ports:
+                out.append(f"{name}: {probe} targets a port the container does not declare")
+    return out
+
+
+def object_problems(obj: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    meta = obj["metadata"]
+    where = f"{obj['kind']} {meta.get('name')}"
+    name = meta.get("name", "")
+    if len(name) > 63 or not DNS_LABEL.match(name):
+        out.append(f"{where}: name is not a DNS label of <= 63 characters")
+    if not meta.get("namespace"):
+        out.append(f"{where}: no namespace")
+    labels = meta.get("labels", {})
+    if labels.get("app.kubernetes.io/managed-by") != "glm-operator" or not (
+        labels.get(SERVICE_LABEL) or labels.get("glm-operator.dev/model-version")
+    ):
+        out.append(f"{where}: missing managed-by / owner labels")
+    owners = meta.get("ownerReferences", [])
+    if len(owners) != 1 or not all(
+        owners[0].get(k) for k in ("apiVersion", "kind", "name", "uid", "controller",
+                                   "blockOwnerDeletion")
+    ):
+        out.append(f"{where}: needs one controller ownerReference with uid")
+    template = _pod_template(obj)
+    if template is not None:
+        pod = template["spec"]
+        pod_sc = pod.get("securityContext", {})
+        if pod_sc.get("runAsNonRoot") is not True or not isinstance(pod_sc.get("runAsUser"), int):
+            out.append(f"{where}: pod securityContext needs runAsNonRoot and a numeric runAsUser")
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            out += container_problems(where, c, pod_sc)
+        mounted = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+        declared = {v["name"] for v in pod.get("volumes", [])}
+        if mounted - declared:
+            out.append(f"{where}: mounts undeclared volumes {sorted(mounted - declared)}")
+    if obj["kind"] == "Deployment":
+        selector = obj["spec"]["selector"]["matchLabels"]
+        if SERVICE_LABEL not in selector or VERSION_LABEL not in selector:
+            out.append(f"{where}: selector must include the service and version labels")
+        pod_labels = obj["spec"]["template"]["metadata"]["labels"]
+        if any(pod_labels.get(k) != v for k, v in selector.items()):
+            out.append(f"{where}: pod labels do not match the selector")
+    return out
+
+
+def problems(objects: list[dict[str, Any]]) -> list[str]:
+    out = [p for obj in objects for p in object_problems(obj)]
+    keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    if len(keys) != len(set(keys)):
+        out.append(f"two objects share a kind and name: {keys}")
+    return out

@@ -1,0 +1,276 @@
+"""render_service: golden files for the engine x accelerator matrix, invariants, behaviour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+import pytest
+from glm_operator.config import OperatorConfig
+from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION, PLAN_HASH_ANNOTATION
+from glm_operator.render.output import to_yaml
+from glm_operator.render.pod import RenderInputError
+from glm_operator.render.service import Capabilities, render_service
+
+from render.cases import (
+    INVALID,
+    VALID_CASES,
+    golden_inputs,
+    inputs,
+    model_key,
+    model_version,
+    service,
+)
+from render.golden import check_golden
+from render.invariants import problems
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    pod = deployment["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == name)
+
+
+def arg(c: dict[str, Any], flag: str) -> str:
+    args: list[str] = c["args"]
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize(("engine", "accelerator"), VALID_CASES)
+def test_golden(engine: str, accelerator: str) -> None:
+    objects = render_service(golden_inputs(engine, accelerator))
+    check_golden(f"{engine}-{accelerator}.yaml", to_yaml(objects))
+
+
+@pytest.mark.parametrize(("engine", "accelerator"), VALID_CASES)
+def test_invariants_hold_for_every_golden_case(engine: str, accelerator: str) -> None:
+    assert problems(render_service(golden_inputs(engine, accelerator))) == []
+
+
+@pytest.mark.parametrize(("engine", "accelerator"), sorted(INVALID))
+def test_invalid_combinations_are_refused_with_the_field(engine: str, accelerator: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match="vllm does not run on the cpu"):
+        service(engine, accelerator)
+
+
+def test_infeasible_plan_is_refused_with_the_numbers() -> None:
+    svc = service("vllm", "a10", modelVersion="glm4-9b-bf16")
+    with pytest.raises(RenderInputError, match=r"main pool's plan is not feasible: needs .* GiB"):
+        render_service(inputs(svc, model_version("bf16")))
+
+
+def test_render_is_deterministic() -> None:
+    first = to_yaml(render_service(golden_inputs("llamacpp", "a100x2")))
+    again = to_yaml(render_service(golden_inputs("llamacpp", "a100x2")))
+    assert first == again
+
+
+def test_replicas_fixed_without_autoscaling() -> None:
+    objects = render_service(golden_inputs("llamacpp", "a10"))
+    (deployment,) = by_kind(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert INITIAL_REPLICAS_ANNOTATION not in deployment["metadata"].get("annotations", {})
+    assert by_kind(objects, "HorizontalPodAutoscaler") == []
+
+
+def test_autoscaling_and_long_context_leave_replicas_to_their_owners() -> None:
+    objects = render_service(golden_inputs("llamacpp", "a100x2"))
+    main, lc = by_kind(objects, "Deployment")
+    assert "replicas" not in main["spec"] and "replicas" not in lc["spec"]
+    assert main["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION] == "1"
+    assert lc["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION] == "0"
+    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == main["metadata"]["name"]
+    targets = {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"]
+               for m in hpa["spec"]["metrics"]}
+    assert targets == {"glm_gateway_requests_per_second": "2500m",
+                       "glm_gateway_requests_queued": "4"}
+    down = hpa["spec"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] >= 600
+
+
+def test_user_behavior_overrides_only_what_it_sets() -> None:
+    (hpa,) = by_kind(render_service(golden_inputs("vllm", "a100x2")), "HorizontalPodAutoscaler")
+    down = hpa["spec"]["behavior"]["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == 1800
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+
+
+def test_long_context_wiring_and_narrow_rbac() -> None:
+    objects = render_service(golden_inputs("llamacpp", "a100x2"))
+    main, lc = by_kind(objects, "Deployment")
+    gateway = container(main, "gateway")
+    lc_service = by_kind(objects, "Service")[1]
+    assert arg(gateway, "--long-context-deployment") == lc["metadata"]["name"]
+    assert arg(gateway, "--long-context-url") == (
+        f"http://{lc_service['metadata']['name']}.models.svc.cluster.local:8080")
+    assert "--long-context-url" not in container(lc, "gateway")["args"]
+    assert arg(container(lc, "engine"), "--ctx-size") == "131072"  # one slot of 128k
+    assert arg(container(lc, "gateway"), "--pool") == "long-context"
+    (sa,) = by_kind(objects, "ServiceAccount")
+    (role,) = by_kind(objects, "Role")
+    (binding,) = by_kind(objects, "RoleBinding")
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                              "resourceNames": [lc["metadata"]["name"]],
+                              "verbs": ["get", "patch", "update"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
+    main_pod, lc_pod = main["spec"]["template"]["spec"], lc["spec"]["template"]["spec"]
+    assert main_pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert main_pod["automountServiceAccountToken"] is True
+    assert lc_pod["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in lc_pod
+
+
+def test_no_api_access_without_long_context() -> None:
+    objects = render_service(golden_inputs("llamacpp", "a10"))
+    assert not by_kind(objects, "Role") and not by_kind(objects, "ServiceAccount")
+    pod = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_services_select_every_version_of_their_pool_only() -> None:
+    main_svc, lc_svc = by_kind(render_service(golden_inputs("llamacpp", "a100x2")), "Service")
+    assert main_svc["spec"]["selector"] == {"glm-operator.dev/service": "chat",
+                                            "glm-operator.dev/pool": "main"}
+    assert lc_svc["spec"]["selector"]["glm-operator.dev/pool"] == "long-context"
+    assert main_svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http",
+                                          "protocol": "TCP"}]
+
+
+def test_service_monitor_only_with_its_crd() -> None:
+    assert by_kind(render_service(golden_inputs("llamacpp", "a10")), "ServiceMonitor") == []
+    (sm,) = by_kind(render_service(golden_inputs("llamacpp", "a100x2")), "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "http"
+
+
+def test_two_services_never_select_each_others_pods() -> None:
+    a = render_service(golden_inputs("llamacpp", "a10"))
+    svc_b = service("llamacpp", "a10")
+    svc_b.metadata.name = "chat-b"
+    b = render_service(inputs(svc_b, model_version("gguf")))
+    pods_a = by_kind(a, "Deployment")[0]["spec"]["template"]["metadata"]["labels"]
+    for selector in [by_kind(b, "Deployment")[0]["spec"]["selector"]["matchLabels"],
+                     by_kind(b, "Service")[0]["spec"]["selector"]]:
+        assert any(pods_a.get(k) != v for k, v in selector.items())
+
+
+def test_accelerator_resources_affinity_and_tolerations() -> None:
+    objects = render_service(golden_inputs("vllm", "a100x2"))
+    deployment = by_kind(objects, "Deployment")[0]
+    engine = container(deployment, "engine")
+    assert engine["resources"]["requests"]["nvidia.com/gpu"] == "2"
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert arg(engine, "--tensor-parallel-size") == "2"
+    pod = deployment["spec"]["template"]["spec"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    expression = terms["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert expression["key"] == "nvidia.com/gpu.product"
+    assert "NVIDIA-A100-SXM4-80GB" in expression["values"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+        pod["tolerations"])
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    ascend = by_kind(render_service(golden_inputs("llamacpp", "ascend910b")), "Deployment")[0]
+    assert container(ascend, "engine")["resources"]["limits"]["huawei.com/Ascend910"] == "1"
+
+
+def test_cpu_profile_threads_match_the_cpu_request_and_overrides_apply() -> None:
+    deployment = by_kind(render_service(golden_inputs("llamacpp", "cpu")), "Deployment")[0]
+    engine = container(deployment, "engine")
+    assert arg(engine, "--threads") == engine["resources"]["requests"]["cpu"]
+    assert not any("gpu" in k or "Ascend" in k for k in engine["resources"]["limits"])
+    pod = deployment["spec"]["template"]["spec"]
+    assert "affinity" not in pod
+    assert pod["nodeSelector"] == {"node-pool": "cpu-large"}
+    assert pod["priorityClassName"] == "llm-serving"
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "search"
+    assert {"name": "LLAMA_LOG_VERBOSITY", "value": "1"} in engine["env"]
+    assert arg(container(deployment, "gateway"), "--audit") == "off"
+
+
+def test_startup_probe_grows_with_the_model() -> None:
+    small = golden_inputs("llamacpp", "a100x2")
+    big_mv = model_version("gguf", sizeBytes=120 * 1024**3)
+    big = inputs(small.service, big_mv, capabilities=small.capabilities)
+
+    def budget(objects: list[dict[str, Any]]) -> int:
+        probe = container(by_kind(objects, "Deployment")[0], "engine")["startupProbe"]
+        return int(probe["failureThreshold"] * probe["periodSeconds"])
+
+    # 120 GiB at the assumed 100 MiB/s is 1229 s, plus the 120 s margin.
+    assert budget(render_service(big)) >= 1229 + 120
+    assert budget(render_service(small)) >= 300
+
+
+def test_plan_change_changes_the_pod_template_hash() -> None:
+    a = golden_inputs("llamacpp", "a10")
+    b = inputs(service("llamacpp", "a10", replicas=2, contextLength=16384),
+               model_version(model_key("llamacpp", "a10")))
+
+    def plan_hash(i: Any) -> str:
+        deployment = by_kind(render_service(i), "Deployment")[0]
+        value: str = deployment["spec"]["template"]["metadata"]["annotations"][
+            PLAN_HASH_ANNOTATION]
+        return value
+
+    assert plan_hash(a) != plan_hash(b)
+
+
+def test_quantities_are_canonical() -> None:
+    engine = container(by_kind(render_service(golden_inputs("vllm", "a100x2")), "Deployment")[0],
+                       "engine")
+    assert engine["resources"]["requests"]["memory"] == "8Gi"  # 4 GiB + 2 GiB x 2 GPUs
+    assert engine["resources"]["requests"]["cpu"] == "6"
+
+
+def test_measured_cache_path_and_claim_are_used() -> None:
+    mv = model_version("gguf", cache={"claimName": "shared-cache", "path": "glm/m.gguf"})
+    i = inputs(service("llamacpp", "a10"), mv)
+    deployment = by_kind(render_service(i), "Deployment")[0]
+    assert arg(container(deployment, "engine"), "--model") == "/models/glm/m.gguf"
+    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["persistentVolumeClaim"] == {"claimName": "shared-cache", "readOnly": True}
+
+
+def test_missing_uid_is_a_clear_error_unless_rendering_offline() -> None:
+    from dataclasses import replace
+
+    from glm_operator.render.meta import MissingMetadata
+    i = golden_inputs("llamacpp", "a10")
+    i.service.metadata.uid = None
+    with pytest.raises(MissingMetadata, match=r"metadata\.uid"):
+        render_service(i)
+    objects = render_service(replace(i, with_owner_references=False))
+    assert all("ownerReferences" not in o["metadata"] for o in objects)
+
+
+def test_operator_config_sets_images_and_ports() -> None:
+    config = OperatorConfig(imageRegistry="registry.example.com/ml", imageTag="1.2.3",
+                            gatewayPort=9000, enginePort=9001)
+    i = inputs(service("llamacpp", "a10"), model_version("gguf"), config, Capabilities())
+    deployment = by_kind(render_service(i), "Deployment")[0]
+    gateway, engine = container(deployment, "gateway"), container(deployment, "engine")
+    assert gateway["image"] == "registry.example.com/ml/glm-operator:1.2.3"
+    assert engine["image"] == "registry.example.com/ml/llama-server-cuda:1.2.3"
+    assert arg(gateway, "--engine-url") == "http://127.0.0.1:9001"
+    assert arg(engine, "--port") == "9001"
+    assert gateway["ports"][0]["containerPort"] == 9000
+
+
+def test_plan_summary_is_the_status_type_with_its_sources() -> None:
+    from glm_operator.render.service import plan_summary
+
+    i = golden_inputs("llamacpp", "a10")
+    summary = plan_summary(i.plan, i.service, None, i.model_version)
+    assert summary.feasible is True
+    assert summary.model_version == "glm4-9b-q4"
+    assert summary.facts_source == "declared"
+    assert summary.llamacpp is not None and summary.llamacpp.parallel == 4
+    assert summary.resources is not None
+    assert summary.resources.memory_request_bytes == i.plan.resources.memory_request_bytes
+    dumped = summary.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["llamacpp"]["ctxPerSlot"] == 32768
