@@ -144,7 +144,7 @@ def test_not_found(http_server: ModelFileServer, tmp_path: Path) -> None:
 def test_auth_failures(http_server: ModelFileServer, model: Path, tmp_path: Path,
                        token: str | None, code: int) -> None:
     http_server.required_token = "right"
-    env = {"GLM_FETCH_BEARER_TOKEN": token} if token else {}
+    env = {"AUTHORIZATION": f"Bearer {token}"} if token else {}
     run = run_fetch("--allow-http", "--source", f"{http_server.url}/{model.name}",
                     "--dest", str(tmp_path), env=env)
     assert run.code == 4, run.log

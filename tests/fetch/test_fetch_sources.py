@@ -24,6 +24,14 @@ def test_https_bearer_token_from_environment() -> None:
     assert "s3cret" not in repr(source)
 
 
+def test_https_authorization_header_from_the_secret() -> None:
+    # The credentialsSecret's AUTHORIZATION key is the whole header value (Basic auth too).
+    settings = SourceSettings.from_environment({"AUTHORIZATION": "Basic dXNlcjpwdw=="})
+    source = parse_source("https://h/m.gguf", settings)
+    assert isinstance(source, HttpSource)
+    assert source.request_headers("GET", {})["Authorization"] == "Basic dXNlcjpwdw=="
+
+
 def test_plain_http_refused_unless_allowed() -> None:
     with pytest.raises(InvalidSourceURI, match=r"spec.source.uri .*plain http"):
         parse_source("http://h/m.gguf", SourceSettings())

@@ -9,7 +9,9 @@ Credentials never appear in the URI; they come from the environment the Job gets
 ModelVersion's `credentialsSecret`:
 
     HF_TOKEN                                     hf://   (Authorization: Bearer)
-    GLM_FETCH_BEARER_TOKEN                       https:// (Authorization: Bearer), optional
+    AUTHORIZATION                                https:// (the whole header value, e.g.
+                                                 "Bearer x" or "Basic y"), optional
+    GLM_FETCH_BEARER_TOKEN                       https:// (Authorization: Bearer x), optional
     AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,    s3://   (AWS_SESSION_TOKEN optional)
     AWS_SESSION_TOKEN
 """
@@ -41,7 +43,7 @@ class SourceSettings:
     allow_http: bool = False
     hf_endpoint: str = DEFAULT_HF_ENDPOINT
     hf_token: str | None = None
-    bearer_token: str | None = None
+    http_authorization: str | None = None  # the Authorization header value for https://
     s3_endpoint: str | None = None
     s3_region: str = "us-east-1"
     s3_credentials: S3Credentials | None = None
@@ -55,7 +57,9 @@ class SourceSettings:
         values: dict[str, object] = {
             "hf_endpoint": environ.get("HF_ENDPOINT") or DEFAULT_HF_ENDPOINT,
             "hf_token": environ.get("HF_TOKEN") or None,
-            "bearer_token": environ.get("GLM_FETCH_BEARER_TOKEN") or None,
+            "http_authorization": environ.get("AUTHORIZATION") or (
+                f"Bearer {environ['GLM_FETCH_BEARER_TOKEN']}"
+                if environ.get("GLM_FETCH_BEARER_TOKEN") else None),
             "s3_endpoint": environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"),
             "s3_region": environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
             or "us-east-1",
@@ -114,8 +118,8 @@ def parse_source(uri: str, settings: SourceSettings) -> Source:
         name = posixpath.basename(parts.path)
         if not name:
             raise _bad(uri, "the path must end in a file name")
-        headers = {"Authorization": f"Bearer {settings.bearer_token}"} if settings.bearer_token \
-            else {}
+        headers = {"Authorization": settings.http_authorization} \
+            if settings.http_authorization else {}
         display = f"{scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
         return HttpSource(url=uri.strip(), display=display, filename=name, headers=headers)
     if scheme == "s3":
