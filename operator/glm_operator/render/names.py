@@ -14,6 +14,7 @@ LABEL_PREFIX = "glm-operator.dev"
 SERVICE_LABEL = f"{LABEL_PREFIX}/service"
 VERSION_LABEL = f"{LABEL_PREFIX}/version"
 POOL_LABEL = f"{LABEL_PREFIX}/pool"
+MODEL_VERSION_LABEL = f"{LABEL_PREFIX}/model-version"  # children of a ModelVersion
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY = "glm-operator"
 
