@@ -274,3 +274,31 @@ def test_plan_summary_is_the_status_type_with_its_sources() -> None:
     assert summary.resources.memory_request_bytes == i.plan.resources.memory_request_bytes
     dumped = summary.model_dump(by_alias=True, exclude_none=True)
     assert dumped["llamacpp"]["ctxPerSlot"] == 32768
+
+
+def test_gateway_args_parse_with_the_gateways_own_parser() -> None:
+    import argparse
+
+    from glm_operator.gateway import config as gateway_config
+
+    objects = render_service(golden_inputs("llamacpp", "a100x2"))
+    main, lc = by_kind(objects, "Deployment")
+    gateway = container(main, "gateway")
+    assert gateway["command"] == ["glm-operator"] and gateway["args"][0] == "gateway"
+    parser = argparse.ArgumentParser()
+    gateway_config.add_arguments(parser)
+    parsed = gateway_config.from_args(parser.parse_args(gateway["args"][1:]))
+    assert parsed.engine_url == "http://127.0.0.1:8081"
+    assert parsed.port == 8080
+    assert (parsed.service_name, parsed.model_version, parsed.pool) == (
+        "chat", "glm4-9b-q4", "main")
+    assert parsed.context_length == 32768 and parsed.engine_slots == 4
+    assert parsed.wake is not None
+    assert parsed.wake.deployment == lc["metadata"]["name"]
+    assert parsed.wake.namespace == "models"
+    assert str(parsed.api_keys_path) == "/etc/glm-operator/api-keys"
+    assert parsed.rate_limit_rps == 10.0 and parsed.rate_limit_burst == 100
+    assert parsed.audit == "stdout"
+    lc_parsed = gateway_config.from_args(
+        parser.parse_args(container(lc, "gateway")["args"][1:]))
+    assert lc_parsed.pool == "long-context" and lc_parsed.wake is None

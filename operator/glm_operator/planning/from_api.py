@@ -1,8 +1,9 @@
 """GLMService + ModelVersion (API objects) -> PlanRequest (what the planner takes).
 
 Model facts come from the ModelVersion: the facts measured from the GGUF header
-(status.facts, status.sizeBytes) win field by field over the facts declared in spec.facts;
-with neither, planning cannot start and `ModelFactsUnknown` says which fields are missing.
+(status.facts, status.sizeBytes) win field by field over the facts declared in spec.facts
+(whose architecture defaults to spec.architecture); with neither, planning cannot start
+and `ModelFactsUnknown` says which fields are missing.
 
 Layer convention: a measured GGUF `block_count` is the header's own number, which for
 glm4moe-style architectures includes the nextn (MTP) layers; the planner counts trunk layers
@@ -26,7 +27,7 @@ _REQUIRED = ("architecture", "block_count", "embedding_length", "head_count", "c
 _COPIED = (
     "architecture", "block_count", "embedding_length", "head_count", "head_count_kv",
     "key_length", "value_length", "context_length", "nextn_predict_layers", "expert_count",
-    "expert_used_count", "parameter_count",
+    "expert_used_count", "parameter_count", "active_parameter_count", "vocab_size",
 )  # fmt: skip
 
 
@@ -61,6 +62,8 @@ def model_facts_for(model_version: ModelVersion) -> ModelFacts:
     declared = model_version.spec.facts
     measured = model_version.status.facts
     data = _as_dict(declared)
+    if model_version.spec.architecture:  # the expected architecture the fetch Job checks
+        data.setdefault("architecture", model_version.spec.architecture)
     measured_data = _as_dict(measured)
     arch = str(measured_data.get("architecture") or data.get("architecture") or "")
     if "block_count" in measured_data and arch in ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT:

@@ -86,7 +86,10 @@ def active_deadline_seconds(model_version: ModelVersion, config: OperatorConfig)
 
 
 def build_cache_pvc(
-    model_version: ModelVersion, config: OperatorConfig, namespace: str, owner: dict[str, Any]
+    model_version: ModelVersion,
+    config: OperatorConfig,
+    namespace: str,
+    owner: dict[str, Any] | None,
 ) -> dict[str, Any]:
     cache = model_version.spec.cache
     return render_object(
@@ -177,12 +180,17 @@ def fetch_pod_spec(
     }
 
 
-def render_model_version(mv: ModelVersion, config: OperatorConfig) -> list[dict[str, Any]]:
-    """The cache PVC, the fetch Job's ServiceAccount, Role, RoleBinding, and the Job."""
+def render_model_version(
+    mv: ModelVersion, config: OperatorConfig, *, with_owner_references: bool = True
+) -> list[dict[str, Any]]:
+    """The cache PVC, the fetch Job's ServiceAccount, Role, RoleBinding, and the Job.
+
+    `with_owner_references=False` is for offline rendering, where there is no uid yet.
+    """
     name, namespace = mv.metadata.name, mv.metadata.namespace
     if not name or not namespace:
         raise RenderInputError("ModelVersion: metadata.name and metadata.namespace are required")
-    owner = owner_reference(mv)
+    owner = owner_reference(mv) if with_owner_references else None
     account = fetch_job_name(name)
     rbac_labels = labels_for(mv, "fetch")
     job_labels = labels_for(mv, "fetch")
