@@ -6,6 +6,7 @@ the device exporters (DCGM, npu-exporter); docs/autoscaling.md has the adapter r
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from glm_operator.api.glmservice import Autoscaling, ScalingRules
@@ -20,12 +21,12 @@ ACCELERATOR_MEMORY_METRIC = "glm_accelerator_memory_utilization_percent"
 
 # A model pod takes minutes to load and holds scarce devices: add at most two per two
 # minutes, remove one per five minutes after fifteen quiet minutes.
-DEFAULT_SCALE_UP: dict[str, Any] = {
+_DEFAULT_SCALE_UP: dict[str, Any] = {
     "stabilizationWindowSeconds": 60,
     "selectPolicy": "Max",
     "policies": [{"type": "Pods", "value": 2, "periodSeconds": 120}],
 }
-DEFAULT_SCALE_DOWN: dict[str, Any] = {
+_DEFAULT_SCALE_DOWN: dict[str, Any] = {
     "stabilizationWindowSeconds": 900,
     "selectPolicy": "Min",
     "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}],
@@ -54,7 +55,7 @@ def hpa_metrics(autoscaling: Autoscaling) -> list[dict[str, Any]]:
 
 
 def _rules(default: dict[str, Any], user: ScalingRules | None) -> dict[str, Any]:
-    out = dict(default)
+    out = copy.deepcopy(default)  # fresh: the result is handed out as is
     if user is not None:
         out.update(user.model_dump(by_alias=True, exclude_none=True))
     return out
@@ -63,8 +64,8 @@ def _rules(default: dict[str, Any], user: ScalingRules | None) -> dict[str, Any]
 def hpa_behavior(autoscaling: Autoscaling) -> dict[str, Any]:
     user = autoscaling.behavior
     return {
-        "scaleUp": _rules(DEFAULT_SCALE_UP, user.scale_up if user else None),
-        "scaleDown": _rules(DEFAULT_SCALE_DOWN, user.scale_down if user else None),
+        "scaleUp": _rules(_DEFAULT_SCALE_UP, user.scale_up if user else None),
+        "scaleDown": _rules(_DEFAULT_SCALE_DOWN, user.scale_down if user else None),
     }
 
 

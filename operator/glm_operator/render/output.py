@@ -7,7 +7,17 @@ from typing import Any
 
 import yaml
 
-_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_BASE: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BASE):  # type: ignore[misc,valid-type]
+    """Never `&id001` anchors, even if a builder reused a value: manifests stay plain."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+_DUMPER = _Dumper
 
 
 def to_yaml(objects: Iterable[dict[str, Any]]) -> str:

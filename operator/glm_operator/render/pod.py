@@ -7,6 +7,7 @@ give the same bytes.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -390,8 +391,8 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
         spec["priorityClassName"] = overrides.priority_class_name
     if overrides is not None and overrides.node_selector:
         spec["nodeSelector"] = dict(overrides.node_selector)
-    affinity = overrides.affinity if overrides is not None and overrides.affinity else None
-    affinity = affinity or node_affinity(ctx.plan)
+    affinity = (copy.deepcopy(overrides.affinity)  # never hand out the input's own dict
+                if overrides is not None and overrides.affinity else node_affinity(ctx.plan))
     if affinity:
         spec["affinity"] = affinity
     tol = tolerations(ctx)
