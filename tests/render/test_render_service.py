@@ -302,3 +302,17 @@ def test_gateway_args_parse_with_the_gateways_own_parser() -> None:
     lc_parsed = gateway_config.from_args(
         parser.parse_args(container(lc, "gateway")["args"][1:]))
     assert lc_parsed.pool == "long-context" and lc_parsed.wake is None
+
+
+def test_long_names_stay_within_63_characters() -> None:
+    long_name = "a-very-long-service-name-that-someone-picked-for-a-model-endpoint-x"
+    mv = model_version("gguf")
+    mv.metadata.name = "glm-4-9b-0414-q4-k-m-from-bartowski-with-a-long-suffix-v2"
+    svc = service("llamacpp", "a100x2",
+                  longContext={"enabled": True, "contextLength": 65536},
+                  autoscaling={"maxReplicas": 2, "targets": {"queueLength": 2}},
+                  modelVersion=mv.metadata.name)
+    svc.metadata.name = long_name
+    objects = render_service(inputs(svc, mv, capabilities=Capabilities(service_monitor=True)))
+    assert problems(objects) == []
+    assert all(len(v) <= 63 for o in objects for v in o["metadata"]["labels"].values())
