@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import os
 import re
 import signal
@@ -98,6 +99,11 @@ def kwok_workdir() -> Path:
 def cluster_dir() -> Path:
     """kwokctl's directory for this cluster: pki, pids, logs, etcd data."""
     return kwok_workdir() / "clusters" / CLUSTER_NAME
+
+
+def ready_marker() -> Path:
+    """Written once nodes, volumes and CRDs exist; an `up` interrupted before that resumes."""
+    return cluster_dir() / "glm-e2e-populated"
 
 
 def kwokctl_config_path() -> Path:
@@ -430,7 +436,7 @@ def _node_is_ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def _populate(client: Kubectl) -> None:
+def populate(client: Kubectl) -> None:
     spec = load_nodes_file()
     nodes = node_manifests(spec)
     started = time.monotonic()
@@ -439,7 +445,7 @@ def _populate(client: Kubectl) -> None:
         # The Node was created with its status; set it again in case kwok initialised it first.
         status = {"status": node["status"]}
         client.run("patch", "node", node["metadata"]["name"], "--subresource=status",
-                   "--type=merge", "-p", yaml.safe_dump(status, default_flow_style=True))
+                   "--type=merge", "-p", json.dumps(status))
     names = {node["metadata"]["name"] for node in nodes}
     wait_for(
         lambda: names <= {n["metadata"]["name"] for n in client.items("nodes")
@@ -493,7 +499,12 @@ def _up_locked(build: bool) -> Kubectl:
         )
     client = Kubectl(binaries.kubectl, kubeconfig_path())
     if is_up():
-        log(f"already up; nothing to do. KUBECONFIG={kubeconfig_path()}")
+        if ready_marker().exists():
+            log(f"already up; nothing to do. KUBECONFIG={kubeconfig_path()}")
+            return client
+        log("up, but its nodes, volumes or CRDs were not all created; creating them")
+        populate(client)
+        ready_marker().write_text(f"{time.time()}\n")
         return client
     if cluster_dir().exists() or cluster_processes():
         log("found a stopped or half-started cluster; removing it first")
@@ -526,7 +537,8 @@ def _up_locked(build: bool) -> Kubectl:
         f"({time.monotonic() - started:.1f}s)")
     _wait_for_controllers(client)
     log(f"controller-manager and scheduler running ({time.monotonic() - started:.1f}s)")
-    _populate(client)
+    populate(client)
+    ready_marker().write_text(f"{time.time()}\n")
     log(f"cluster {CLUSTER_NAME!r} up in {time.monotonic() - started:.1f}s")
     log(f"KUBECONFIG={kubeconfig_path()}")
     return client

@@ -115,7 +115,7 @@ def _start_kind() -> LocalCluster:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    local_cluster._populate(client)
+    local_cluster.populate(client)
 
     def stop() -> None:
         kwok.terminate()
