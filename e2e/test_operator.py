@@ -83,8 +83,8 @@ def test_cpu_service_is_planned_scheduled_and_ready(
     assert status["observedGeneration"] == obj["metadata"]["generation"]
     assert condition(obj, "Planned")["status"] == "True"  # type: ignore[index]
     plan = status["plan"]
-    assert plan["engine"] == "llamacpp" and plan["slots"] == 2
-    assert plan["contextPerSlot"] * plan["slots"] >= 8192
+    assert plan["engine"] == "llamacpp" and plan["llamacpp"]["parallel"] == 2
+    assert plan["llamacpp"]["ctxPerSlot"] * 2 >= 8192
     assert status["endpoint"].startswith("http://") and namespace in status["endpoint"]
 
     pods = service_pods(kubectl, namespace, name)

@@ -185,10 +185,10 @@ class KubeClient:
             body=dict(patch), content_type="application/merge-patch+json",
         )
 
-    def create(self, obj: Mapping[str, Any]) -> Obj:
+    def create(self, obj: Mapping[str, Any], field_manager: str = FIELD_MANAGER) -> Obj:
         resource = kind_for(dict(obj))
         return self._call("create", resource, resource.path(obj["metadata"].get("namespace")),
-                          body=dict(obj))
+                          body=dict(obj), query=[("fieldManager", field_manager)])
 
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         """Delete with background propagation; False when it was already gone."""

@@ -1,0 +1,23 @@
+"""The operator's own Prometheus metrics (served by `glm-operator run --metrics-port`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RECONCILES = Counter(
+    "glm_operator_reconciles_total", "Reconciles run, by kind and result.", ["kind", "result"]
+)
+RECONCILE_SECONDS = Histogram(
+    "glm_operator_reconcile_duration_seconds", "Time per reconcile, by kind.", ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+CHILD_WRITES = Counter(
+    "glm_operator_child_writes_total", "Children applied or deleted, by kind and action.",
+    ["kind", "action"],
+)
+MANAGED_OBJECTS = Gauge(
+    "glm_operator_managed_objects", "Objects the operator manages, by kind.", ["kind"]
+)
+PLAN_FAILURES = Counter(
+    "glm_operator_plan_failures_total", "Reconciles that could not plan, by reason.", ["reason"]
+)
