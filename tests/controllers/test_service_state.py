@@ -7,9 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers.service_state import decide_service
+from glm_operator.controllers.service_state import ServiceDecision, decide_service
 from glm_operator.render.service import Capabilities
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -32,7 +31,8 @@ def ready_mv(mv: dict[str, Any], name: str | None = None) -> dict[str, Any]:
     return mv
 
 
-def decide(svc: dict[str, Any], mvs: list[dict[str, Any]], live: list[dict[str, Any]] | None = None):  # type: ignore[no-untyped-def]
+def decide(svc: dict[str, Any], mvs: list[dict[str, Any]],
+           live: list[dict[str, Any]] | None = None) -> ServiceDecision:
     return decide_service(svc, {m["metadata"]["name"]: m for m in mvs}, live or [], CONFIG,
                           CONFIG.profiles, Capabilities())
 
