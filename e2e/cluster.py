@@ -54,13 +54,19 @@ FIELD_MANAGER = "glm-e2e-cluster"
 
 # Fixed ports, below the Linux ephemeral range (32768+) so an outgoing connection never holds
 # one. `up` refuses to start, naming the port and its owner, when one is taken.
+# GLM_E2E_PORT_OFFSET shifts them all, to run a second cluster (with its own
+# GLM_E2E_STATE_DIR) next to the shared one.
+_PORT_OFFSET = int(os.environ.get("GLM_E2E_PORT_OFFSET", "0"))
 PORTS = {
-    "kube-apiserver": 16443,
-    "etcd": 12379,
-    "etcd-peer": 12380,
-    "kube-controller-manager": 10357,
-    "kube-scheduler": 10359,
-    "kwok-controller": 10347,
+    name: port + _PORT_OFFSET
+    for name, port in {
+        "kube-apiserver": 16443,
+        "etcd": 12379,
+        "etcd-peer": 12380,
+        "kube-controller-manager": 10357,
+        "kube-scheduler": 10359,
+        "kwok-controller": 10347,
+    }.items()
 }
 
 # The third-party CRDs installed into every cluster: (toolchain component, file in its cache).
@@ -224,6 +230,8 @@ def check_ports_free() -> None:
     taken = []
     for name, port in PORTS.items():
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # As Go's listeners do: a TIME_WAIT left by a stopped cluster is no obstacle.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("0.0.0.0", port))
             except OSError:
