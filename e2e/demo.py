@@ -34,7 +34,8 @@ def heading(text: str) -> None:
 def table(rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(("  " + "  ".join(cells)).rstrip())
 
 
 def accelerators(node: dict[str, Any]) -> str:

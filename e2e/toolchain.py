@@ -16,6 +16,7 @@ Versions come from e2e/versions.toml, the only place they are pinned.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -25,7 +26,6 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -108,10 +108,9 @@ def _go_build_with_progress(
         cmd, cwd=module_dir, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
     )
     assert proc.stderr is not None
-    done, last_report, tail = 0, 0.0, []
-    for line in proc.stderr:
-        done += 1
-        tail = (tail + [line])[-60:]
+    last_report, tail = 0.0, collections.deque[str](maxlen=60)
+    for done, line in enumerate(proc.stderr, start=1):
+        tail.append(line)
         now = time.monotonic()
         if now - last_report > 20:
             last_report = now
@@ -157,7 +156,10 @@ def build_kubernetes(version: str, out: Path, work: Path) -> None:
     go_line = next(ln for ln in go_mod.splitlines() if ln.startswith("go "))
     staging_version = "v0." + version.removeprefix("v1.")
     replaces = "\n".join(f"\t{mod} => {mod} {staging_version}" for mod in staging)
-    body = f"{go_line}\n\n{godebug}\n\nrequire k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n"
+    body = (
+        f"{go_line}\n\n{godebug}\n\nrequire k8s.io/kubernetes {version}\n\n"
+        f"replace (\n{replaces}\n)\n"
+    )
     module_dir = work / "k8s-wrapper"
     _write_module(module_dir, "glm-operator.dev/e2e/k8s", body, {"doc.go": "package k8s\n"})
     major, minor = version.removeprefix("v").split(".")[:2]
@@ -188,7 +190,8 @@ def build_etcd(version: str, out: Path, work: Path) -> None:
         "func main() { etcdmain.Main(os.Args) }\n"
     )
     _write_module(
-        module_dir, "etcd", f"go 1.24\n\nrequire go.etcd.io/etcd/server/v3 {version}\n", {"main.go": main}
+        module_dir, "etcd", f"go 1.24\n\nrequire go.etcd.io/etcd/server/v3 {version}\n",
+        {"main.go": main},
     )
     _go_build_with_progress("etcd", module_dir, ["."], out, "-s -w")
 
@@ -201,7 +204,8 @@ def build_kwok(version: str, out: Path, work: Path) -> None:
     )
     ldflags = f"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version={version}"
     _go_build_with_progress(
-        "kwok", module_dir, ["sigs.k8s.io/kwok/cmd/kwok", "sigs.k8s.io/kwok/cmd/kwokctl"], out, ldflags
+        "kwok", module_dir, ["sigs.k8s.io/kwok/cmd/kwok", "sigs.k8s.io/kwok/cmd/kwokctl"], out,
+        ldflags,
     )
 
 
@@ -225,7 +229,9 @@ def build_minio(version: str, out: Path, work: Path) -> None:
     _go_build_with_progress("minio", module_dir, ["github.com/minio/minio"], out, "-s -w")
 
 
-def _fetch_module_files(component: str, module: str, files: dict[str, str], out: Path, work: Path) -> None:
+def _fetch_module_files(
+    component: str, module: str, files: dict[str, str], out: Path, work: Path
+) -> None:
     info = _module_info(component, module, work)
     source = Path(info["Dir"])
     for relative, target in files.items():
@@ -297,11 +303,12 @@ def ensure(name: str) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"glm-build-{name}-") as work:
         try:
             BUILDERS[name](version, staging / "bin", Path(work))
-        except BuildError:
-            raise
+        except BuildError as exc:  # say which version failed, not only which component
+            raise BuildError(f"{name} {version}: {exc}") from exc
         except Exception as exc:  # a builder bug still names the component
             raise BuildError(f"{name} {version}: {exc}") from exc
-    (staging / COMPLETE_MARKER).write_text(f"{version} built in {int(time.monotonic() - started)}s\n")
+    elapsed = int(time.monotonic() - started)
+    (staging / COMPLETE_MARKER).write_text(f"{version} built in {elapsed}s\n")
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     log(f"{name} {version} ready ({int(time.monotonic() - started)}s)")
