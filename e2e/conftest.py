@@ -26,7 +26,8 @@ kubectl (session)
     `.exists(...)`, `.apply(...)`.
 namespace (function)
     A fresh namespace (`e2e-<test>-<random>`) with its default ServiceAccount ready, deleted
-    after the test. When the test fails, its pods and events are printed.
+    after the test (without waiting). When the test fails, its pods, ReplicaSets, PVCs and
+    events are printed. Released PVs of earlier tests are made Available first.
 apply (session)
     `apply(manifest, namespace=None)`: server-side apply (field manager `glm-e2e`) of a dict,
     a list of dicts or YAML text. Returns the CompletedProcess.
@@ -189,8 +190,13 @@ def _namespace_name(test_name: str) -> str:
 
 
 @pytest.fixture
-def namespace(request: pytest.FixtureRequest, kubectl: Kubectl) -> Iterator[str]:
+def namespace(
+    request: pytest.FixtureRequest, cluster: LocalCluster, kubectl: Kubectl
+) -> Iterator[str]:
     name = _namespace_name(request.node.name.removeprefix("test_"))
+    # Claims of earlier tests' deleted namespaces left their PVs Released; offer them again.
+    if cluster.flavour == "kwok":
+        local_cluster.recycle_released_volumes(kubectl)
     kubectl.apply(
         {"apiVersion": "v1", "kind": "Namespace",
          "metadata": {"name": name, "labels": {"glm-operator.dev/e2e": "true"}}}
