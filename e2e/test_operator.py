@@ -224,8 +224,8 @@ def test_infeasible_plan_is_a_condition_with_numbers_and_no_pods(
     mv, svc = example("nvidia-a10-llamacpp")
     deploy_model(kubectl, namespace, mv, wait_for)
     huge = copy.deepcopy(svc)
-    huge["spec"]["contextLength"] = 131072
-    huge["spec"]["concurrency"] = 16
+    huge["spec"]["contextLength"] = 32768  # the trained context, so only memory is short
+    huge["spec"]["concurrency"] = 24
     kubectl.apply(huge, namespace=namespace)
     name = huge["metadata"]["name"]
 

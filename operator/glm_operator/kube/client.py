@@ -152,7 +152,7 @@ class KubeClient:
         meta = obj["metadata"]
         path = resource.path(meta.get("namespace"), meta["name"])
         return self._call(
-            "apply", resource, path, body=json.dumps(obj),
+            "apply", resource, path, body=dict(obj),
             query=[("fieldManager", field_manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
@@ -163,7 +163,7 @@ class KubeClient:
         meta = obj["metadata"]
         path = resource.path(meta.get("namespace"), meta["name"], "status")
         return self._call(
-            "apply", resource, path, body=json.dumps(obj),
+            "apply", resource, path, body=dict(obj),
             query=[("fieldManager", field_manager), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
