@@ -29,8 +29,8 @@ deps: venv ## Install system packages the tests need (Debian; skipped when prese
 	@bash scripts/install-system-deps.sh
 
 .PHONY: toolchain
-toolchain: venv ## Build and cache kube-apiserver & co, etcd, kwok, helm, the real CRDs and llama-server
-	$(PY) -m e2e.toolchain build kubernetes etcd kwok helm istio prometheus_operator argocd llama_cpp_python
+toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama-server and MinIO
+	$(PY) -m e2e.toolchain build
 
 .PHONY: cluster-up
 cluster-up: toolchain ## Start the local control plane with fake GPU/NPU nodes (kubeconfig: .e2e/kubeconfig)

@@ -85,7 +85,13 @@ def run_floor(kubectl: Kubectl, mv: dict[str, Any], n: int) -> float:
     namespace = prepare_namespace(kubectl, "bench-floor", mv)
     report_fetched(kubectl, namespace, mv["metadata"]["name"])
     fetched = kubectl.get_json("modelversion", mv["metadata"]["name"], "-n", namespace)
-    children = []
+    from glm_operator.api import ModelVersion
+    from glm_operator.config import OperatorConfig
+    from glm_operator.render.modelversion import render_model_version
+
+    # The ModelVersion's own children (the cache PVC the pods mount) come first, as the
+    # operator would create them.
+    children = render_model_version(ModelVersion.model_validate(fetched), OperatorConfig())
     for svc in services(n):
         svc["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), generation=1)
         children += render_children(svc, fetched)
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"floor: {n} services' children created directly, all pods ready in {floor:.1f}s",
           flush=True)
 
-    operator = OperatorProcess(kubectl)
+    operator = OperatorProcess(kubectl, namespaces=("bench-op-*",))
     try:
         wait_for(operator.alive, timeout=60, what="operator liveness")
         namespace = prepare_namespace(kubectl, "bench-op", mv)

@@ -1,8 +1,10 @@
 """`make demo`: build what is missing, bring the local cluster up, show what it offers.
 
-For now the demo shows the stage the operator plays on: the fake accelerator nodes (what
-they advertise to the scheduler, the labels the operator's node affinity reads, their taints)
-and the third-party CRDs the operator integrates with. Later steps add the operator at work.
+First the stage the operator plays on: the fake accelerator nodes (what they advertise to the
+scheduler, the labels the operator's node affinity reads, their taints) and the third-party
+CRDs the operator integrates with. Then the operator at work (e2e/demo_operator.py): a
+GLMService planned, fetched, deployed and Ready, and one chat request served through the
+gateway by a real llama-server started with the argv the operator rendered.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from e2e import cluster, toolchain
+from e2e import cluster, demo_operator, toolchain
 from e2e.kubectl import Kubectl, KubectlError
 
 ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "huawei.com/Ascend910")
@@ -107,8 +109,7 @@ def main() -> int:
     show_storage(kubectl)
     show_crds(kubectl)
     print(f"\nkubectl: {cluster.Binaries.from_cache().kubectl}")
-    print("Stop it with `make cluster-down`.")
-    return 0
+    return demo_operator.run(kubectl)
 
 
 if __name__ == "__main__":

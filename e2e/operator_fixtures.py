@@ -45,7 +45,9 @@ def glm_crds(kubectl: Kubectl) -> list[str]:
 
 
 class OperatorProcess:
-    def __init__(self, kubectl: Kubectl) -> None:
+    def __init__(self, kubectl: Kubectl, namespaces: tuple[str, ...] = ("e2e-*",)) -> None:
+        # Scoped by namespace glob so the tests, the benchmark and the demo can each run an
+        # operator on the shared local cluster without two of them managing one object.
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
@@ -53,7 +55,8 @@ class OperatorProcess:
         env = kubectl.env()
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "glm_operator.cli", "run", "--all-namespaces",
+            [sys.executable, "-m", "glm_operator.cli", "run",
+             *(arg for ns in namespaces for arg in ("--namespace", ns)),
              "--kubeconfig", str(kubectl.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
              "--metrics-port", str(self.metrics_port)],

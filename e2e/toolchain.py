@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown component(s) {unknown}; choose from {sorted(BUILDERS)}")
         try:
-            for name in args.components or CONTROL_PLANE:
+            for name in args.components or BUILDERS:
                 ensure(name)
         except BuildError as exc:
             log(f"BUILD FAILED: {exc}")
