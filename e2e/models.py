@@ -37,7 +37,7 @@ class TinyLlamaSpec:
     n_head: int = 4
     n_head_kv: int = 2
     n_ff: int = 128
-    dtype: Literal["f32", "f16"] = "f32"
+    dtype: Literal["f32", "f16", "q8_0"] = "f32"  # q8_0: the 2-D weights quantized
     seed: int = 0
     name: str = "tiny-llama"
 
@@ -52,6 +52,8 @@ class TinyLlamaSpec:
             raise ValueError(f"n_head {self.n_head} is not a multiple of {self.n_head_kv=}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        if self.dtype == "q8_0" and (self.n_embd % 32 or self.n_ff % 32):
+            raise ValueError("q8_0 rows are blocks of 32: n_embd and n_ff must be multiples of 32")
 
 
 def _byte_token(value: int) -> str:
@@ -80,9 +82,15 @@ def write_tiny_llama(path: Path, spec: TinyLlamaSpec | None = None) -> Path:
     rng = np.random.default_rng(spec.seed)
     dtype = np.float16 if spec.dtype == "f16" else np.float32
 
-    def weight(rows: int, cols: int) -> np.ndarray:
+    def add_weight(name: str, rows: int, cols: int) -> None:
         # numpy shape is ggml's ne reversed: (rows=out features, cols=in features)
-        return (rng.standard_normal((rows, cols)) * 0.02).astype(dtype)
+        values = rng.standard_normal((rows, cols)) * 0.02
+        if spec.dtype == "q8_0":
+            q8_0 = gguf.GGMLQuantizationType.Q8_0
+            blocks = gguf.quants.quantize(values.astype(np.float32), q8_0)
+            writer.add_tensor(name, blocks, raw_dtype=q8_0)
+        else:
+            writer.add_tensor(name, values.astype(dtype))
 
     def norm() -> np.ndarray:
         return np.ones(spec.n_embd, dtype=np.float32)  # llama.cpp wants norms in f32
@@ -99,27 +107,29 @@ def write_tiny_llama(path: Path, spec: TinyLlamaSpec | None = None) -> Path:
     writer.add_rope_dimension_count(spec.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(VOCAB_SIZE)
-    writer.add_file_type(
-        gguf.LlamaFileType.MOSTLY_F16 if spec.dtype == "f16" else gguf.LlamaFileType.ALL_F32
-    )
+    writer.add_file_type({
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[spec.dtype])
     _add_byte_vocab(writer)
 
     q_dim = spec.n_head * spec.head_dim
     kv_dim = spec.n_head_kv * spec.head_dim
-    writer.add_tensor("token_embd.weight", weight(VOCAB_SIZE, spec.n_embd))
+    add_weight("token_embd.weight", VOCAB_SIZE, spec.n_embd)
     writer.add_tensor("output_norm.weight", norm())
-    writer.add_tensor("output.weight", weight(VOCAB_SIZE, spec.n_embd))
+    add_weight("output.weight", VOCAB_SIZE, spec.n_embd)
     for layer in range(spec.n_layer):
         prefix = f"blk.{layer}"
         writer.add_tensor(f"{prefix}.attn_norm.weight", norm())
-        writer.add_tensor(f"{prefix}.attn_q.weight", weight(q_dim, spec.n_embd))
-        writer.add_tensor(f"{prefix}.attn_k.weight", weight(kv_dim, spec.n_embd))
-        writer.add_tensor(f"{prefix}.attn_v.weight", weight(kv_dim, spec.n_embd))
-        writer.add_tensor(f"{prefix}.attn_output.weight", weight(spec.n_embd, q_dim))
+        add_weight(f"{prefix}.attn_q.weight", q_dim, spec.n_embd)
+        add_weight(f"{prefix}.attn_k.weight", kv_dim, spec.n_embd)
+        add_weight(f"{prefix}.attn_v.weight", kv_dim, spec.n_embd)
+        add_weight(f"{prefix}.attn_output.weight", spec.n_embd, q_dim)
         writer.add_tensor(f"{prefix}.ffn_norm.weight", norm())
-        writer.add_tensor(f"{prefix}.ffn_gate.weight", weight(spec.n_ff, spec.n_embd))
-        writer.add_tensor(f"{prefix}.ffn_up.weight", weight(spec.n_ff, spec.n_embd))
-        writer.add_tensor(f"{prefix}.ffn_down.weight", weight(spec.n_embd, spec.n_ff))
+        add_weight(f"{prefix}.ffn_gate.weight", spec.n_ff, spec.n_embd)
+        add_weight(f"{prefix}.ffn_up.weight", spec.n_ff, spec.n_embd)
+        add_weight(f"{prefix}.ffn_down.weight", spec.n_embd, spec.n_ff)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

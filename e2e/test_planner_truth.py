@@ -42,6 +42,9 @@ MODELS = {
     # GQA (8 heads, 2 KV heads), f16 weights: ~36 MiB of weights, 4 KiB of f16 KV per token.
     "512x8-f16-gqa": TinyLlamaSpec(n_ctx_train=16384, n_layer=8, n_embd=512, n_head=8,
                                    n_head_kv=2, n_ff=1024, dtype="f16", name="truth-512x8"),
+    # Q8_0 weights (a quantized GGUF file type): ~13 MiB, 3 KiB of f16 KV per token.
+    "384x6-q8_0-gqa": TinyLlamaSpec(n_ctx_train=16384, n_layer=6, n_embd=384, n_head=6,
+                                    n_head_kv=2, n_ff=1536, dtype="q8_0", name="truth-384x6"),
 }
 CASES = (
     CpuCase("1x8192-f16", slots=1, context=8192),
