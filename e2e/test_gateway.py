@@ -250,33 +250,45 @@ def _wait_idle(engine: LlamaServer, timeout: float = 10) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_client_disconnect_frees_the_slot(gateway: GatewayProcess, engine: LlamaServer,
-                                          stream: bool) -> None:
-    """A client that goes away mid-answer stops generation: the slot is freed long before
-    the 4000 tokens it asked for are made."""
+def test_client_disconnect_mid_stream_frees_the_slot(gateway: GatewayProcess,
+                                                     engine: LlamaServer) -> None:
+    """A streaming client that goes away stops generation: the slot is freed long before the
+    4000 tokens it asked for are made (the gateway closes its engine connection)."""
     _wait_idle(engine)
     before = _tokens_predicted(engine)
-    body = {"model": SERVICE, "messages": messages(), "max_tokens": 4000, "stream": stream,
+    body = {"model": SERVICE, "messages": messages(), "max_tokens": 4000, "stream": True,
             "ignore_eos": True}
-    headers = {"Authorization": f"Bearer {KEY}"}
-    if stream:
-        with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body,
-                          headers=headers, timeout=30) as response:
-            assert response.status_code == 200
-            for _ in zip(range(5), response.iter_bytes(), strict=False):
-                pass
-            assert engine.busy_slots() == 1
-    else:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers,
-                       timeout=httpx.Timeout(30, read=0.5))
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as response:
+        assert response.status_code == 200
+        for _ in zip(range(5), response.iter_bytes(), strict=False):
+            pass
+        assert engine.busy_slots() == 1
     _wait_idle(engine)
     generated = _tokens_predicted(engine) - before
     assert generated < 2000, f"the engine generated {generated} tokens for a gone client"
     metrics = gateway.metrics_text()
     assert metric_value(metrics, "glm_gateway_requests_total", code="499") == 1
     assert metric_value(metrics, "glm_gateway_requests_in_flight") == 0
+
+
+def test_client_disconnect_non_streaming(gateway: GatewayProcess, engine: LlamaServer) -> None:
+    """A non-streaming client that goes away is answered 499 in the metrics and the audit
+    at once and the gateway drops its engine connection. The pinned llama-server does not
+    notice a closed connection on a non-streaming request (it finishes the generation even
+    when called directly), so the slot frees only when the answer is complete."""
+    _wait_idle(engine)
+    body = {"model": SERVICE, "messages": messages(), "max_tokens": 4000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway.url + "/v1/chat/completions", json=body,
+                   headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 3
+    while metric_value(gateway.metrics_text(), "glm_gateway_requests_total", code="499") < 1:
+        assert time.monotonic() < deadline, "the gateway did not notice the client leaving"
+        time.sleep(0.05)
+    assert metric_value(gateway.metrics_text(), "glm_gateway_requests_in_flight") == 0
+    _wait_idle(engine, timeout=60)
 
 
 def test_engine_down_is_503_not_a_hang(tmp_path: Path) -> None:
