@@ -94,6 +94,16 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def wait_metric(gateway: GatewayProcess, name: str, expected: float, timeout: float = 5,
+                **labels: str) -> None:
+    """Wait until a series reaches `expected`: a streamed request is counted just after the
+    client has read its last byte."""
+    deadline = time.monotonic() + timeout
+    while (value := metric_value(gateway.metrics_text(), name, **labels)) != expected:
+        assert time.monotonic() < deadline, f"{name}{labels} is {value}, expected {expected}"
+        time.sleep(0.05)
+
+
 def messages(text: str = "Hello there") -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
@@ -148,9 +158,9 @@ def test_streaming_passes_sse_through(gateway: GatewayProcess) -> None:
     events = [e for e in body.split(b"\n\n") if e]
     assert all(e.startswith(b"data: ") for e in events)
     assert events[-1] == b"data: [DONE]"
-    metrics = gateway.metrics_text()
     base = {"service": SERVICE, "model_version": "v1", "pool": "main"}
-    assert metric_value(metrics, "glm_gateway_completion_tokens_total", **base) == 32
+    wait_metric(gateway, "glm_gateway_completion_tokens_total", 32, **base)
+    metrics = gateway.metrics_text()
     assert metric_value(metrics, "glm_gateway_time_to_first_token_seconds_count",
                         endpoint="chat", **base) == 2
 
@@ -267,9 +277,8 @@ def test_client_disconnect_mid_stream_frees_the_slot(gateway: GatewayProcess,
     _wait_idle(engine)
     generated = _tokens_predicted(engine) - before
     assert generated < 2000, f"the engine generated {generated} tokens for a gone client"
-    metrics = gateway.metrics_text()
-    assert metric_value(metrics, "glm_gateway_requests_total", code="499") == 1
-    assert metric_value(metrics, "glm_gateway_requests_in_flight") == 0
+    wait_metric(gateway, "glm_gateway_requests_total", 1, code="499")
+    assert metric_value(gateway.metrics_text(), "glm_gateway_requests_in_flight") == 0
 
 
 def test_client_disconnect_non_streaming(gateway: GatewayProcess, engine: LlamaServer) -> None:
