@@ -246,6 +246,9 @@ def check_ports_free() -> None:
 # --- kwokctl -------------------------------------------------------------------------------
 
 
+SERVICE_CIDR = "10.96.0.0/16"
+
+
 def kwokctl_configuration(binaries: Binaries) -> dict[str, Any]:
     """Every binary given by path (kwokctl downloads nothing) and the real control plane on:
     authorization (RBAC) and admission plugins enabled, scheduler and controller-manager run."""
@@ -280,6 +283,13 @@ def kwokctl_configuration(binaries: Binaries) -> dict[str, Any]:
                 "kwok-controller",
             ],
         },
+        # The API server's default Service range is a /24 (254 Services): too small for the
+        # reconcile benchmark's 500 GLMServices. A /16 is what real clusters use.
+        "componentsPatches": [
+            {"name": "kube-apiserver", "extraArgs": [
+                {"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": True},
+            ]},
+        ],
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="port of the operator's Prometheus metrics (0 to disable)")
     parser.add_argument("--log-format", choices=("plain", "json"), default="plain")
     parser.add_argument("--workers", type=int, default=16, help="reconcile threads")
+    parser.add_argument("--resync-seconds", type=float, default=300,
+                        help="backstop re-check of every GLMService (reads memory, writes drift)")
     parser.add_argument("--verbose", action="store_true")
 
 
@@ -60,6 +63,17 @@ def run(args: argparse.Namespace) -> int:
         if args.peering:
             settings.peering.name = args.peering
             settings.peering.mandatory = True
+
+    stop_resync = threading.Event()
+
+    @kopf.on.startup()
+    def _start_resync(**_: Any) -> None:
+        threading.Thread(target=handlers.resync_forever, args=(args.resync_seconds, stop_resync),
+                         name="glm-resync", daemon=True).start()
+
+    @kopf.on.cleanup()
+    def _stop_resync(**_: Any) -> None:
+        stop_resync.set()
 
     kopf.configure(
         verbose=args.verbose,

@@ -188,8 +188,14 @@ def _emit(body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
         kopf.event(cast(kopf.Body, dict(body)), type=type_, reason=reason, message=message[:1024])
 
 
+# The kopf indexes, as the last handler saw them (live views), for the resync thread.
+_latest_indexes: dict[str, Any] = {}
+
+
 def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
     rt = runtime()
+    if not _latest_indexes and "glmservices" in indexes:
+        _latest_indexes.update({k: v for k, v in indexes.items() if isinstance(v, kopf.Index)})
     with rt.lock((namespace, name)), metrics.RECONCILE_SECONDS.labels("GLMService").time():
         bodies = _lookup(indexes["glmservices"], (namespace, name))
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
@@ -264,10 +270,23 @@ def glmservice_changed(**kw: Any) -> None:
     reconcile_service(kw["namespace"], kw["name"], kw)
 
 
-@kopf.timer(GROUP, VERSION, "glmservices", interval=300, initial_delay=60, idle=60)
-def glmservice_resync(**kw: Any) -> None:
-    """Backstop for anything a watch missed; writes nothing when nothing drifted."""
-    reconcile_service(kw["namespace"], kw["name"], kw)
+def resync_forever(interval: float, stop: threading.Event) -> None:
+    """Backstop for anything a watch missed; writes nothing when nothing drifted.
+
+    A plain thread instead of `kopf.timer`: kopf puts a finalizer on every object that has a
+    timer, and a finalizer left behind by an uninstalled operator blocks namespace deletion.
+    The GLMService needs none (its children go by ownerReferences).
+    """
+    while not stop.wait(interval):
+        indexes = dict(_latest_indexes)
+        services = indexes.get("glmservices")
+        if services is None:
+            continue
+        for namespace, name in list(services.keys()):
+            try:
+                reconcile_service(namespace, name, indexes)
+            except Exception as exc:  # one bad object must not stop the resync of the rest
+                log.warning("resync of GLMService %s/%s failed: %s", namespace, name, exc)
 
 
 def _on_service_child(**kw: Any) -> None:
