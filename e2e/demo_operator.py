@@ -120,8 +120,13 @@ def serve_one_request(kubectl: Kubectl, workdir: Path, model_path: Path) -> None
                                stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{gateway_port}"
-        wait_for(lambda: http_json(url + "/readyz", timeout=2)[0] == 200, timeout=120,
-                 what="gateway /readyz", interval=0.3)
+
+        def gateway_ready() -> bool:
+            try:
+                return http_json(url + "/readyz", timeout=2)[0] == 200
+            except OSError:  # not listening yet
+                return False
+        wait_for(gateway_ready, timeout=120, what="gateway /readyz", interval=0.3)
         body = {"model": SERVICE, "max_tokens": 16,
                 "messages": [{"role": "user", "content": "Say hello to the demo."}]}
         status, answer = http_json(url + "/v1/chat/completions", body, timeout=120)
@@ -132,8 +137,8 @@ def serve_one_request(kubectl: Kubectl, workdir: Path, model_path: Path) -> None
             metrics = response.read().decode()
         heading("Gateway metrics for it")
         for line in metrics.splitlines():
-            if line.startswith("glm_gateway_") and not line.startswith("#") and (
-                    "_bucket" not in line):
+            name = line.split("{", 1)[0]
+            if name.startswith("glm_gateway_") and not name.endswith(("_bucket", "_created")):
                 print(f"  {line}")
     finally:
         gateway.terminate()
