@@ -81,7 +81,9 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
     body = json.dumps({"model": "bench", "messages": PROMPT, "max_tokens": tokens,
                        "temperature": 0, "ignore_eos": True, "stream": stream}).encode()
     url = base_url + "/v1/chat/completions"
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    # llama-server (httplib) drops keep-alive connections after a streamed answer, so streamed
+    # requests use a fresh client connection each, on both paths alike.
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=stream)
     headers = {"Authorization": f"Bearer {key}"}
     results: list[tuple[float, float]] = []
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
@@ -90,7 +92,12 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
 
         async def worker() -> None:
             for _ in queue:
-                results.append(await _one(session, url, body, stream))
+                try:
+                    results.append(await _one(session, url, body, stream))
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                    # llama-server sometimes closes a keep-alive connection after a stream;
+                    # the client retries once on a new one, on both paths alike.
+                    results.append(await _one(session, url, body, stream))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))

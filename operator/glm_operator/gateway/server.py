@@ -366,12 +366,21 @@ class Gateway:
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]
                     ) -> aiohttp.ClientResponse:
-        try:
-            return await self.session.post(url, data=body, headers=headers)
-        except aiohttp.SocketTimeoutError:
-            raise errors.engine_timeout(self.config.read_timeout_seconds) from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
+        for attempt in (1, 2):
+            try:
+                return await self.session.post(url, data=body, headers=headers)
+            except aiohttp.SocketTimeoutError:
+                raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                # A pooled keep-alive connection the engine had already closed: the request
+                # never reached it, so sending it once more on a fresh connection is safe.
+                # A refused connection (ClientConnectorError) is not retried: fast 503.
+                if attempt == 1 and not isinstance(exc, aiohttp.ClientConnectorError):
+                    continue
+                raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
+        raise AssertionError("unreachable")
 
     def _passthrough(self, upstream: aiohttp.ClientResponse, body: bytes, record: AuditRecord,
                      rid: str) -> web.Response:
