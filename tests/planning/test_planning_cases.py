@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.memory import ffn_width, llamacpp_compute_bytes
 from glm_operator.planning.planner import PlanRequest, plan
 
 MiB = 1024**2
 GiB = 1024**3
 
-# GLM-4-9B-class GGUF: glm4, 40 layers, n_embd 4096, 32 heads, 2 KV heads of 128.
+# GLM-4-9B-class GGUF: glm4, 40 layers, n_embd 4096, FFN 13696, 32 heads, 2 KV heads of 128.
 GLM4_9B = ModelFacts(
     architecture="glm4",
     block_count=40,
@@ -23,6 +24,7 @@ GLM4_9B = ModelFacts(
     key_length=128,
     value_length=128,
     context_length=131072,
+    feed_forward_length=13696,
     parameter_count=9_400_000_000,
     vocab_size=151552,
 )
@@ -42,6 +44,8 @@ GLM45_AIR = ModelFacts(
     active_parameter_count=12_000_000_000,
     expert_count=128,
     expert_used_count=8,
+    feed_forward_length=10944,  # the leading dense layer
+    expert_feed_forward_length=1408,
     vocab_size=151552,
 )
 
@@ -67,9 +71,13 @@ A10_BYTES = 23028 * MiB
 A10_RESERVE = 1_207_330_406
 # Q4_K_M weights: 9.4e9 x 4.85 / 8 = 5_698_750_000 bytes (5.3 GiB).
 GLM4_9B_Q4_K_M = 5_698_750_000
-# llama.cpp compute buffer, flash attention on: logits 512 x 151552 x 4 = 310_378_496
-# + activations 512 x 4096 x 4 x 8 = 67_108_864 -> 377_487_360.
-GLM4_9B_COMPUTE = 377_487_360
+# llama.cpp compute buffer, flash attention on, n_ubatch 512 tokens:
+#   FFN phase  512 x 4 x (3 x 13696 + 4 x 4096) = 2048 x 57_472 = 117_702_656
+#   KQ mask    512 x n_kv x 2 (f16); n_kv = 32768 per slot       =  33_554_432
+#   logits     4 slots x 151552 x 4                              =   2_424_832
+#   -> 153_681_920 (0.14 GiB) at 32k x 4.
+GLM4_9B_FFN_PHASE = 117_702_656
+GLM4_9B_COMPUTE = 153_681_920
 NVIDIA_OVERHEAD = 512 * MiB  # 536_870_912
 
 
@@ -83,14 +91,14 @@ def test_glm4_9b_q4_k_m_on_a10_at_32k_x_4_slots() -> None:
     assert p.memory.weights == GLM4_9B_Q4_K_M
     assert p.memory.compute == GLM4_9B_COMPUTE
     assert p.memory.overhead == NVIDIA_OVERHEAD
-    # total 5_698_750_000 + 5_368_709_120 + 377_487_360 + 536_870_912 = 11_981_817_392
-    assert p.memory.total == 11_981_817_392
+    # total 5_698_750_000 + 5_368_709_120 + 153_681_920 + 536_870_912 = 11_758_011_952
+    assert p.memory.total == 11_758_011_952
     assert p.memory.available == A10_BYTES == 24_146_608_128
     assert p.memory.reserved == A10_RESERVE
-    # headroom 24_146_608_128 - 1_207_330_406 - 11_981_817_392 = 10_957_460_330 (10.2 GiB)
-    assert p.memory.headroom == 10_957_460_330
+    # headroom 24_146_608_128 - 1_207_330_406 - 11_758_011_952 = 11_181_265_770 (10.4 GiB)
+    assert p.memory.headroom == 11_181_265_770
     assert p.feasible
-    assert "10.2 GiB headroom" in p.reason
+    assert "10.4 GiB headroom" in p.reason
     s = p.llamacpp
     assert s is not None
     assert (s.n_gpu_layers, s.parallel, s.ctx_size, s.ctx_per_slot) == (41, 4, 131072, 32768)
@@ -103,18 +111,22 @@ def test_glm4_9b_q4_k_m_on_a10_at_32k_x_4_slots() -> None:
 def test_glm4_9b_at_128k_x_4_does_not_fit_a10_and_names_what_would() -> None:
     p = plan(PlanRequest(facts=GLM4_9B, quantization="Q4_K_M", engine="llamacpp",
                          accelerator="nvidia-a10", context_length=131072, concurrency=4))
-    # KV 40_960 x 524_288 = 21_474_836_480 (20.0 GiB); total 28_087_944_752;
-    # headroom 24_146_608_128 - 1_207_330_406 - 28_087_944_752 = -5_148_667_030 (-4.8 GiB).
+    # KV 40_960 x 524_288 = 21_474_836_480 (20.0 GiB); compute: the mask grows to
+    # 512 x 131072 x 2 = 134_217_728, so 117_702_656 + 134_217_728 + 2_424_832 = 254_345_216;
+    # total 5_698_750_000 + 21_474_836_480 + 254_345_216 + 536_870_912 = 27_964_802_608;
+    # headroom 24_146_608_128 - 1_207_330_406 - 27_964_802_608 = -5_025_524_886 (-4.7 GiB).
     assert p.memory.kv == 21_474_836_480
-    assert p.memory.headroom == -5_148_667_030
+    assert p.memory.compute == 254_345_216
+    assert p.memory.headroom == -5_025_524_886
     assert not p.feasible
-    assert "short by 4.8 GiB" in p.reason and "nvidia-a10 has 22.5 GiB" in p.reason
+    assert "short by 4.7 GiB" in p.reason and "nvidia-a10 has 22.5 GiB" in p.reason
     by_change = {a.change: a for a in p.alternatives}
     # KV q8_0: 40 x 2 x (256 values x 34/32 B) = 21_760 B/token x 524_288 = 11_408_506_880;
-    # total 18_021_615_152; headroom 24_146_608_128 - 1_207_330_406 - 18_021_615_152.
-    assert by_change["KV cache q8_0"].headroom_bytes == 4_917_662_570
-    # 3 slots: KV 40_960 x 393_216 = 16_106_127_360; total 22_719_235_632; headroom 220_042_090.
-    assert by_change["3 concurrent requests"].headroom_bytes == 220_042_090
+    # total 17_898_473_008; headroom 24_146_608_128 - 1_207_330_406 - 17_898_473_008.
+    assert by_change["KV cache q8_0"].headroom_bytes == 5_040_804_714
+    # 3 slots: KV 40_960 x 393_216 = 16_106_127_360; compute 254_345_216 - 606_208 (one slot's
+    # logits) = 253_739_008; total 22_595_487_280; headroom 343_790_442.
+    assert by_change["3 concurrent requests"].headroom_bytes == 343_790_442
     # Any smaller quantization still needs the 20 GiB KV: none fits, none is offered.
     assert not [c for c in by_change if c.startswith("quantization")]
     assert "2 x nvidia-a10" in by_change
@@ -202,18 +214,21 @@ def test_glm46_on_4_h100_is_infeasible_and_points_at_8() -> None:
 def test_cpu_only_plan_counts_weights_in_pod_memory() -> None:
     p = plan(PlanRequest(facts=GLM4_9B, quantization="Q4_K_M", engine="llamacpp",
                          accelerator="cpu", context_length=8192, concurrency=2))
-    # KV 40_960 x 16_384 = 671_088_640; total with weights, compute, 512 MiB process:
-    # 5_698_750_000 + 671_088_640 + 377_487_360 + 536_870_912 = 7_284_196_912.
-    assert p.memory.total == 7_284_196_912
+    # KV 40_960 x 16_384 = 671_088_640; compute (flash attention on the CPU too):
+    # 117_702_656 + mask 512 x 8192 x 2 = 8_388_608 + logits 2 x 606_208 = 127_303_680;
+    # total with weights and the 512 MiB process:
+    # 5_698_750_000 + 671_088_640 + 127_303_680 + 536_870_912 = 7_034_013_232.
+    assert p.memory.compute == GLM4_9B_FFN_PHASE + 8_388_608 + 1_212_416 == 127_303_680
+    assert p.memory.total == 7_034_013_232
     assert p.feasible
     s = p.llamacpp
     assert s is not None
     assert (s.n_gpu_layers, s.threads, s.parallel, s.ctx_size, s.cache_ram_mib) == (
         0, 8, 2, 16384, 0)
-    # request = total rounded up to MiB: ceil(7_284_196_912 / 1_048_576) = 6947 MiB.
-    assert p.resources.memory_request_bytes == 6947 * MiB
-    # limit = total + max(1 GiB, 10 %) = 8_357_938_736 -> 7971 MiB.
-    assert p.resources.memory_limit_bytes == 7971 * MiB
+    # request = total rounded up to MiB: ceil(7_034_013_232 / 1_048_576) = 6709 MiB.
+    assert p.resources.memory_request_bytes == 6709 * MiB
+    # limit = total + max(1 GiB, 10 %) = 8_107_755_056 -> 7733 MiB.
+    assert p.resources.memory_limit_bytes == 7733 * MiB
     assert p.resources.devices == 0 and p.resources.resource_name is None
     assert "page cache" in p.resources.memory_note
 
@@ -223,17 +238,18 @@ def test_cpu_node_of_8_gib_at_32k_x_4() -> None:
                          accelerator="cpu", context_length=32768, concurrency=4,
                          node_memory_bytes=8 * GiB))
     # 8 GiB = 8_589_934_592, reserve 5 % = 429_496_729; weights + 5 GiB KV + compute + 512 MiB
-    # process = 11_981_817_392 (as on the A10, the process taking the CUDA overhead's place).
-    assert p.memory.total == 11_981_817_392
+    # process = 11_758_011_952 (as on the A10, the process taking the CUDA overhead's place).
+    assert p.memory.total == 11_758_011_952
     assert not p.feasible
     by_change = {a.change: a.headroom_bytes for a in p.alternatives}
-    # KV q8_0 (21_760 B/token -> 2_852_126_720) leaves total 9_465_234_992: does not fit;
+    # KV q8_0 (21_760 B/token -> 2_852_126_720) leaves total 9_241_429_552: does not fit;
     # KV q4_0: 40 x 2 x 256 x 18/32 = 11_520 B/token x 131_072 = 1_509_949_440 ->
-    # total 8_123_057_712, headroom 8_589_934_592 - 429_496_729 - 8_123_057_712 = 37_380_151.
+    # total 7_899_252_272, headroom 8_589_934_592 - 429_496_729 - 7_899_252_272 = 261_185_591.
     assert "KV cache q8_0" not in by_change
-    assert by_change["KV cache q4_0"] == 37_380_151
-    # 1 slot: KV 1_342_177_280, total 7_955_285_552, headroom 205_152_311.
-    assert by_change["1 concurrent request"] == 205_152_311
+    assert by_change["KV cache q4_0"] == 261_185_591
+    # 1 slot: KV 1_342_177_280, compute 153_681_920 - 3 x 606_208 = 151_863_296,
+    # total 7_729_661_488, headroom 430_776_375.
+    assert by_change["1 concurrent request"] == 430_776_375
 
 
 def test_glm4moe_gguf_header_block_count_includes_nextn() -> None:
@@ -289,3 +305,63 @@ def test_v100_runs_vllm_in_float16_and_refuses_fp8() -> None:
     p = plan(PlanRequest(facts=small, quantization="fp8", engine="vllm",
                          accelerator="nvidia-v100-32gb", context_length=8192))
     assert not p.feasible and "cannot run fp8" in p.reason
+
+
+# ------------------------------------------------------------- llama.cpp compute buffer parts
+
+
+def test_compute_buffer_ffn_width_dense_moe_and_fallback() -> None:
+    # Dense: n_ff as is.
+    assert ffn_width(GLM4_9B) == 13696
+    # glm4moe: the 8 routed experts' 8 x 1408 = 11_264 outweigh the dense layer's 10_944.
+    assert ffn_width(GLM45_AIR) == 11_264
+    # llama-style MoE (Mixtral): no expert key, feed_forward_length is one expert's width:
+    # 2 used x 14_336 = 28_672.
+    mixtral = ModelFacts(architecture="llama", block_count=32, embedding_length=4096,
+                         head_count=32, head_count_kv=8, context_length=32768,
+                         expert_count=8, expert_used_count=2, feed_forward_length=14_336)
+    assert ffn_width(mixtral) == 28_672
+    # Unknown width: 4 x n_embd = 16_384, above GLM's real ratios (a safe over-estimate).
+    unknown = ModelFacts(architecture="glm4", block_count=40, embedding_length=4096,
+                         head_count=32, head_count_kv=2, context_length=131072)
+    assert ffn_width(unknown) == 16_384
+
+
+def test_compute_buffer_without_flash_attention_is_the_kq_phase() -> None:
+    # Ascend 310P has no flash attention. GLM-4-9B, one slot of 8192, 512-token micro-batch:
+    #   mask (f32)       512 x 8192 x 4                      =    16_777_216
+    #   attention phase  512 x 4 x (32 heads x 8192 + 4 x 4096) = 2048 x 278_528 = 570_425_344
+    #   FFN phase        117_702_656 (smaller, not added: the phases do not overlap)
+    #   logits           1 x 151552 x 4                      =       606_208
+    #   -> 587_808_768
+    assert llamacpp_compute_bytes(GLM4_9B, n_tokens=512, n_kv=8192, n_outputs=1,
+                                  flash_attention=False) == 587_808_768
+    # With flash attention: 117_702_656 + 512 x 8192 x 2 (8_388_608) + 606_208 = 126_697_472.
+    assert llamacpp_compute_bytes(GLM4_9B, n_tokens=512, n_kv=8192, n_outputs=1,
+                                  flash_attention=True) == 126_697_472
+
+
+def test_gguf_header_feed_forward_lengths() -> None:
+    facts = ModelFacts.from_gguf_metadata({
+        "general.architecture": "glm4moe",
+        "glm4moe.block_count": 47,
+        "glm4moe.nextn_predict_layers": 1,
+        "glm4moe.context_length": 131072,
+        "glm4moe.embedding_length": 4096,
+        "glm4moe.attention.head_count": 96,
+        "glm4moe.feed_forward_length": 10944,
+        "glm4moe.expert_feed_forward_length": 1408,
+        "glm4moe.expert_count": 128,
+        "glm4moe.expert_used_count": 8,
+    })
+    assert (facts.feed_forward_length, facts.expert_feed_forward_length) == (10944, 1408)
+    # A per-layer array (some architectures vary the width) counts its widest layer.
+    per_layer = ModelFacts.from_gguf_metadata({
+        "general.architecture": "llama",
+        "llama.block_count": 3,
+        "llama.context_length": 4096,
+        "llama.embedding_length": 256,
+        "llama.attention.head_count": 4,
+        "llama.feed_forward_length": [512, 768, 640],
+    })
+    assert (per_layer.feed_forward_length, per_layer.expert_feed_forward_length) == (768, None)

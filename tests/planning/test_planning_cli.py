@@ -11,6 +11,7 @@ from glm_operator.cli import main
 GLM4_9B_FLAGS = [
     "plan", "--arch", "glm4", "--layers", "40", "--embd", "4096", "--heads", "32",
     "--kv-heads", "2", "--head-dim", "128", "--trained-context", "131072", "--vocab", "151552",
+    "--ffn", "13696",
     "--params", "9.4", "--quantization", "Q4_K_M", "--engine", "llamacpp",
     "--accelerator", "nvidia-a10",
 ]
@@ -23,8 +24,8 @@ def test_plan_prints_a_table_with_verdict_and_alternatives(
     out = capsys.readouterr().out
     assert rc == 1  # does not fit
     assert "KV cache              20.0 GiB (40960 bytes/token)" in out
-    assert "DOES NOT FIT" in out and "short by 4.8 GiB" in out
-    assert "- KV cache q8_0 fits with 4.6 GiB headroom" in out
+    assert "DOES NOT FIT" in out and "short by 4.7 GiB" in out
+    assert "- KV cache q8_0 fits with 4.7 GiB headroom" in out
     assert "--parallel            4" in out
 
 

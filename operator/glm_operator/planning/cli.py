@@ -27,6 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     facts.add_argument("--head-dim", type=int, help="key/value length per head")
     facts.add_argument("--trained-context", type=int, help="trained context_length")
     facts.add_argument("--vocab", type=int, help="vocabulary size")
+    facts.add_argument("--ffn", type=int,
+                       help="feed_forward_length (FFN width; 4 x --embd when not given)")
     facts.add_argument("--params", type=float, help="parameters, in billions (e.g. 9.4)")
     facts.add_argument("--weights-bytes", type=int, help="measured size of the artifact")
     req = parser.add_argument_group("request")
@@ -61,6 +63,7 @@ def _facts(args: argparse.Namespace) -> ModelFacts:
         "value_length": args.head_dim,
         "context_length": args.trained_context,
         "vocab_size": args.vocab,
+        "feed_forward_length": args.ffn,
         "parameter_count": int(args.params * 1e9) if args.params else None,
         "weights_bytes": args.weights_bytes,
     }

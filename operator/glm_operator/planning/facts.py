@@ -67,6 +67,11 @@ class ModelFacts:
     head_count: int
     head_count_kv: int
     context_length: int
+    # FFN intermediate width (HF intermediate_size); for MoE the dense layers' width, or the
+    # experts' width when the model has no dense layers and no separate expert width.
+    feed_forward_length: int | None = None
+    # One expert's FFN width (HF moe_intermediate_size).
+    expert_feed_forward_length: int | None = None
     key_length: int | None = None  # per-head K width; default embedding_length / head_count
     value_length: int | None = None  # per-head V width; default embedding_length / head_count
     nextn_predict_layers: int = 0
@@ -93,7 +98,7 @@ class ModelFacts:
         if self.nextn_predict_layers < 0:
             raise ValueError("nextn_predict_layers must be >= 0")
         for name in ("weights_bytes", "parameter_count", "vocab_size", "key_length",
-                     "value_length"):
+                     "value_length", "feed_forward_length", "expert_feed_forward_length"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 when set, got {value}")
@@ -142,6 +147,13 @@ class ModelFacts:
         def key(name: str) -> Any:
             return metadata.get(f"{arch}.{name}")
 
+        def optional(name: str) -> int | None:
+            # Per-layer arrays (some architectures vary the FFN width) give their largest value.
+            value = key(name)
+            if isinstance(value, list | tuple):
+                value = max(value, default=None)
+            return int(value) if value else None
+
         def required(name: str) -> int:
             value = key(name)
             if value is None:
@@ -168,6 +180,8 @@ class ModelFacts:
             head_count=head_count,
             head_count_kv=head_count_kv,
             context_length=required("context_length"),
+            feed_forward_length=optional("feed_forward_length"),
+            expert_feed_forward_length=optional("expert_feed_forward_length"),
             key_length=int(key_length) if key_length else None,
             value_length=int(value_length) if value_length else None,
             nextn_predict_layers=nextn,

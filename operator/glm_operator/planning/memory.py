@@ -183,22 +183,58 @@ def vocab_size(facts: ModelFacts) -> int:
     return facts.vocab_size or 151552
 
 
-def llamacpp_compute_bytes(
-    facts: ModelFacts, *, n_ubatch: int, n_kv: int, flash_attention: bool
-) -> int:
-    """llama.cpp's compute buffer for the worst-case prompt-processing graph.
+# Without `feed_forward_length` the FFN is taken as 4 x n_embd wide: the classic transformer
+# ratio, above GLM's (GLM-4-9B 13696 / 4096 = 3.3; GLM-4.5-Air's 8 routed experts 2.75).
+FFN_WIDTH_PER_EMBD_FALLBACK = 4
 
-    The graph allocator reuses memory, so the buffer is the largest live set: the f32
-    logits of one micro-batch (n_ubatch x n_vocab x 4; llama.cpp reserves one output per
-    token of the micro-batch), plus f32 activations (about 8 rows of n_embd per token), plus
-    without flash attention the f32 KQ matrix of one layer (n_ubatch x n_kv x n_head x 4),
-    where n_kv is the KV length one sequence attends (the per-slot context, or the whole
-    context with a unified cache).
+
+def ffn_width(facts: ModelFacts) -> int:
+    """FFN intermediate values per token in the widest layer.
+
+    Dense: n_ff. MoE: the routed experts' intermediates are one batched tensor of
+    n_expert_used x n_ff_exp per token (`ggml_mul_mat_id`); models with leading dense layers
+    (glm4moe) take the larger of that and the dense n_ff. A GGUF without
+    `expert_feed_forward_length` (llama-style MoE) states the expert width as n_ff.
     """
-    logits = n_ubatch * vocab_size(facts) * 4
-    activations = n_ubatch * facts.embedding_length * 4 * 8
-    attention = 0 if flash_attention else n_ubatch * n_kv * facts.head_count * 4
-    return logits + activations + attention
+    if facts.feed_forward_length is None and facts.expert_feed_forward_length is None:
+        return FFN_WIDTH_PER_EMBD_FALLBACK * facts.embedding_length
+    dense = facts.feed_forward_length or 0
+    if not facts.is_moe:
+        return dense
+    expert = facts.expert_feed_forward_length or dense
+    return max(dense, max(facts.expert_used_count, 1) * expert)
+
+
+def llamacpp_compute_bytes(
+    facts: ModelFacts, *, n_tokens: int, n_kv: int, n_outputs: int, flash_attention: bool
+) -> int:
+    """llama.cpp's compute buffer: the graph allocator's peak over the reserved graphs.
+
+    llama.cpp reserves the prompt-processing graph of one micro-batch (`n_tokens` =
+    min(n_ctx, n_ubatch)) with `n_outputs` logit rows (llama-server: one per slot) and sizes
+    the buffer to the allocator's peak, which falls in one layer's widest phase (f32 rows of
+    n_tokens):
+
+    - FFN: gate, up and their SwiGLU product (3 x ffn_width, all live at once: the GLU op is
+      not done in place) plus about 4 rows of n_embd (the residual stream and n_embd-sized
+      blocks freed earlier that the wider FFN tensors cannot reuse);
+    - attention without flash attention: one layer's KQ scores (n_head x n_kv) plus the same
+      4 rows of n_embd. With flash attention the scores never exist (work buffer only).
+
+    On top, live through every layer: the KQ mask input (n_kv x n_tokens, f16 with flash
+    attention, f32 without), n_kv being the KV length one sequence attends (the per-slot
+    context, or the whole context with a unified cache); and the f32 logits of the outputs.
+    """
+    embd_rows = 4 * facts.embedding_length
+    ffn = n_tokens * 4 * (3 * ffn_width(facts) + embd_rows)
+    if flash_attention:
+        mask = n_tokens * n_kv * 2
+        attention = 0
+    else:
+        mask = n_tokens * n_kv * 4
+        attention = n_tokens * 4 * (facts.head_count * n_kv + embd_rows)
+    logits = n_outputs * vocab_size(facts) * 4
+    return mask + max(ffn, attention) + logits
 
 
 def vllm_activation_bytes(

@@ -305,8 +305,9 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     weights = mem.weights_bytes(facts, request.quantization)
     compute = mem.llamacpp_compute_bytes(
         facts,
-        n_ubatch=LLAMACPP_N_UBATCH,
+        n_tokens=min(ctx_total, LLAMACPP_N_UBATCH),
         n_kv=n_kv_attended,
+        n_outputs=slots,  # llama-server's n_outputs_max: one sampled row per slot
         flash_attention=profile.flash_attention,
     )
     warnings: list[str] = []
