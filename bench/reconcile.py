@@ -43,6 +43,7 @@ def bench_nodes(kubectl: Kubectl, pods_per_node: int) -> list[str]:
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
                      "labels": {"kubernetes.io/hostname": n, "type": "kwok",
+                                "glm-operator.dev/bench": "true",
                                 "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}},
         "status": {"capacity": capacity, "allocatable": capacity},
     } for n in names]

@@ -141,7 +141,7 @@ def test_status_is_a_subresource(kubectl: Kubectl, glm_crds: list[str], namespac
         "--type=merge", "-p", json.dumps({"status": {"phase": "Ready", "sizeBytes": 6170000000}}),
     )  # fmt: skip
     row = kubectl("get", "mv", "status-check", "-n", namespace, "--no-headers").stdout.split()
-    assert row[:2] == ["Ready", "gguf"] and "6170000000" in row
+    assert row[:3] == ["status-check", "Ready", "gguf"] and "6170000000" in row
 
 
 def _refusal(kubectl: Kubectl, manifest: dict[str, Any], namespace: str, dry_run: bool) -> str:
