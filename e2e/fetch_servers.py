@@ -10,7 +10,19 @@ and scripted faults, so the fetcher's client code runs exactly as against a CDN:
     server.no_length = {path}        send the body without Content-Length (close-delimited)
     server.hub_layout = True         serve /{org}/{repo}/resolve/{revision}/{file} from
                                      root/{org}/{repo}/{revision}/{file}, answering with a 302
-                                     to a /cdn/ URL, as the Hub does for large files
+                                     to a /cdn/ URL, as the Hub does for large files; and the
+                                     Hub API a snapshot download lists with:
+                                       /api/models/{org}/{repo}/revision/{revision} -> {"sha"}
+                                       /api/models/{org}/{repo}/tree/{sha}?recursive=true
+                                     (type/path/size/oid, lfs {oid sha256, size} for
+                                     *.safetensors; pages of `tree_page_size` entries linked
+                                     by a Link rel="next" header). A revision's commit sha is
+                                     `hub_commit(org, repo, revision)`; resolve takes either.
+    server.tree_page_size = n        entries per tree page (default 50)
+    server.hub_missing = {path}      listed in the tree, but resolve answers 404 (a file lost
+                                     between listing and download)
+    server.hub_lfs_override = {path: sha256}   the tree lists this lfs.oid instead of the
+                                     file's own (a listing and a CDN that disagree)
     server.requests                  (method, path, Range header) of every request seen
 
 `self_signed_certificate(dir)` makes a CA-less self-signed cert for 127.0.0.1 with openssl.
@@ -18,7 +30,9 @@ and scripted faults, so the fetcher's client code runs exactly as against a CDN:
 
 from __future__ import annotations
 
+import hashlib
 import http.server
+import json
 import re
 import ssl
 import subprocess
@@ -30,6 +44,17 @@ from urllib.parse import unquote, urlsplit
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 _HUB = re.compile(r"^/([^/]+)/([^/]+)/resolve/([^/]+)/(.+)$")
+_HUB_API = re.compile(r"^/api/models/([^/]+)/([^/]+)/(revision|tree)/([^/]+)$")
+_LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")
+
+
+def hub_commit(org: str, repo: str, revision: str) -> str:
+    """The commit sha the test Hub gives a revision (a directory under root/org/repo/)."""
+    return hashlib.sha1(f"{org}/{repo}@{revision}".encode()).hexdigest()
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 class ModelFileServer(http.server.ThreadingHTTPServer):
@@ -44,6 +69,9 @@ class ModelFileServer(http.server.ThreadingHTTPServer):
         self.required_token: str | None = None
         self.no_length: set[str] = set()
         self.hub_layout = False
+        self.tree_page_size = 50
+        self.hub_missing: set[str] = set()
+        self.hub_lfs_override: dict[str, str] = {}
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         if tls is not None:
@@ -92,15 +120,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return self._status(403, b'{"error":"Forbidden"}')
         if fault is not None:
             return self._status(fault, b"scripted failure")
+        if server.hub_layout and path.startswith("/api/"):
+            return self._hub_api(path)
         if server.hub_layout and not path.startswith("/cdn/"):
             match = _HUB.match(path)
             if not match:
                 return self._status(404, b"Repository Not Found")
             org, repo, revision, file = match.groups()
-            if not (server.root / org / repo / revision / file).is_file():
+            revision = self._hub_revision(org, repo, revision) or revision
+            if file in server.hub_missing or not (
+                    server.root / org / repo / revision / file).is_file():
                 return self._status(404, b"Entry not found")
             return self._status(302, headers={"Location": f"/cdn/{org}/{repo}/{revision}/{file}"})
         relative = path.removeprefix("/cdn/") if server.hub_layout else path.lstrip("/")
+        if server.hub_layout:  # /cdn/org/repo/<commit>/file names the revision's directory
+            parts = relative.split("/", 3)
+            if len(parts) == 4:
+                parts[2] = self._hub_revision(parts[0], parts[1], parts[2]) or parts[2]
+                relative = "/".join(parts)
         target = (server.root / relative).resolve()
         if server.root.resolve() not in target.parents or not target.is_file():
             return self._status(404, b"Not Found")
@@ -143,6 +180,58 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         view = memoryview(data)
         for offset in range(0, len(data), 64 * 1024):
             self.wfile.write(view[offset:offset + 64 * 1024])
+
+    def _hub_revision(self, org: str, repo: str, name: str) -> str | None:
+        """The revision directory for a branch/tag name or a commit sha; None if unknown."""
+        folder = self.server.root / org / repo
+        if (folder / name).is_dir():
+            return name
+        if folder.is_dir():
+            for candidate in folder.iterdir():
+                if candidate.is_dir() and hub_commit(org, repo, candidate.name) == name:
+                    return candidate.name
+        return None
+
+    def _hub_api(self, path: str) -> None:
+        match = _HUB_API.match(path)
+        if not match:
+            return self._status(404, b'{"error":"Not Found"}')
+        org, repo, kind, name = match.groups()
+        revision = self._hub_revision(org, repo, name)
+        if revision is None:
+            return self._status(404, b'{"error":"Repository or revision not found"}')
+        folder = self.server.root / org / repo / revision
+        files = sorted(p for p in folder.rglob("*"))
+        if kind == "revision":
+            body = {"id": f"{org}/{repo}", "sha": hub_commit(org, repo, revision),
+                    "siblings": [{"rfilename": p.relative_to(folder).as_posix()}
+                                 for p in files if p.is_file()]}
+            return self._status(200, json.dumps(body).encode(),
+                                {"Content-Type": "application/json"})
+        entries: list[dict[str, object]] = []
+        for item in files:
+            relative = item.relative_to(folder).as_posix()
+            if item.is_dir():
+                entries.append({"type": "directory", "oid": "0" * 40, "size": 0,
+                                "path": relative})
+                continue
+            data = item.read_bytes()
+            entry: dict[str, object] = {"type": "file", "oid": git_blob_sha1(data),
+                                        "size": len(data), "path": relative}
+            if relative.endswith(_LFS_SUFFIXES):
+                entry["oid"] = hashlib.sha1(relative.encode()).hexdigest()  # pointer blob
+                sha256 = self.server.hub_lfs_override.get(relative)
+                entry["lfs"] = {"oid": sha256 or hashlib.sha256(data).hexdigest(),
+                                "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        query = dict(p.partition("=")[::2] for p in urlsplit(self.path).query.split("&") if p)
+        start = int(query.get("cursor", "0"))
+        page = entries[start:start + self.server.tree_page_size]
+        headers = {"Content-Type": "application/json"}
+        if start + len(page) < len(entries):
+            headers["Link"] = (f'<{self.server.url}{urlsplit(self.path).path}?recursive=true'
+                               f'&cursor={start + len(page)}>; rel="next"')
+        return self._status(200, json.dumps(page).encode(), headers)
 
 
 @contextmanager

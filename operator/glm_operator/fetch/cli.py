@@ -4,6 +4,9 @@
         --dest /cache --sha256 <hex> --architecture glm4 \\
         --modelversion glm4-9b-q4 --namespace models --cache-claim glm4-9b-q4-cache
 
+A folder source (hf://org/repo?revision=r, s3://bucket/prefix/; format safetensors) becomes
+the folder /cache/<repo or last prefix segment>/ (fetch/snapshot.py, docs/fetch.md).
+
 Exit status 0 when the verified file is in place, else the failure's own code (2 bad URI,
 3 not found, 4 auth, 5 unavailable, 6 disk full, 7 checksum, 8 architecture, 9 not GGUF,
 10 size, 11 status report failed). Credentials come from the environment (see sources.py).
@@ -12,6 +15,7 @@ Exit status 0 when the verified file is in place, else the failure's own code (2
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -22,7 +26,16 @@ from pathlib import Path
 
 from glm_operator.fetch.download import FetchOptions, FetchResult, fetch_artifact
 from glm_operator.fetch.errors import FetchError, InvalidSourceURI
-from glm_operator.fetch.sources import SourceSettings, parse_source
+from glm_operator.fetch.listing import DEFAULT_INCLUDE
+from glm_operator.fetch.snapshot import SnapshotResult, fetch_snapshot
+from glm_operator.fetch.sources import (
+    DirectorySource,
+    Source,
+    SourceSettings,
+    is_directory_uri,
+    parse_directory_source,
+    parse_source,
+)
 from glm_operator.kube.client import KubeError
 
 log = logging.getLogger("glm_operator.fetch")
@@ -48,12 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the cache volume's mount path (env GLM_FETCH_DEST)")
     parser.add_argument("--subdir", default="",
                         help="directory inside --dest for the file (default: its root)")
-    parser.add_argument("--filename", help="name in the cache (default: the source's file name)")
-    parser.add_argument("--sha256", help="expected SHA-256 (hex); mismatch fails the fetch")
+    parser.add_argument("--filename", help="name in the cache (default: the source's file "
+                        "name; for a folder source the repository or last prefix segment)")
+    parser.add_argument("--sha256", help="expected SHA-256 (hex) of the file, or the snapshot "
+                        "digest of a folder (docs/fetch.md); mismatch fails the fetch")
     parser.add_argument("--architecture",
                         help="expected GGUF general.architecture (glm4, glm4moe, llama, ...)")
     parser.add_argument("--format", choices=["gguf", "safetensors"],
                         help="artifact format (default: gguf when the name ends in .gguf)")
+    parser.add_argument("--include", action="append", metavar="GLOB",
+                        help="folder sources: file name patterns to fetch, repeatable "
+                        f"(default: {' '.join(DEFAULT_INCLUDE)})")
+    parser.add_argument("--s3-max-keys", type=int, default=1000,
+                        help="folder sources on S3: keys per ListObjectsV2 page (default 1000)")
     parser.add_argument("--allow-http", action="store_true",
                         help="accept plain http:// sources and endpoints")
     parser.add_argument("--hf-endpoint", help="Hub endpoint (default env HF_ENDPOINT, "
@@ -117,6 +137,17 @@ def _result_json(result: FetchResult, relative_path: str) -> dict[str, object]:
     }
 
 
+def _snapshot_json(result: SnapshotResult, relative_path: str) -> dict[str, object]:
+    return {
+        "path": str(result.path), "cachePath": relative_path, "sizeBytes": result.size_bytes,
+        "sha256": result.sha256, "fromCache": result.from_cache, "revision": result.revision,
+        "files": len(result.files), "resumedFiles": result.resumed_files,
+        "seconds": round(result.seconds, 3),
+        "facts": None if result.facts is None else result.facts.model_dump(
+            by_alias=True, exclude_none=True, mode="json"),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -129,7 +160,15 @@ def run(args: argparse.Namespace) -> int:
         settings = SourceSettings.from_environment(
             allow_http=args.allow_http or None, hf_endpoint=args.hf_endpoint,
             s3_endpoint=args.s3_endpoint, s3_region=args.s3_region, pvc_root=args.pvc_root)
-        source = parse_source(args.source, settings)
+        source: Source | DirectorySource
+        if is_directory_uri(args.source):
+            if args.format == "gguf":
+                raise InvalidSourceURI(
+                    f"spec.source.uri {args.source!r} names a folder, which only format "
+                    "safetensors can be; name the .gguf file instead")
+            source = parse_directory_source(args.source, settings)
+        else:
+            source = parse_source(args.source, settings)
     except FetchError as exc:
         log.error("fetch failed (%s): %s", exc.reason, exc)
         return exc.exit_code
@@ -150,18 +189,26 @@ def run(args: argparse.Namespace) -> int:
             log.error("cannot report to ModelVersion %s: %s", args.modelversion, exc)
             return REPORT_FAILED_EXIT
 
-    filename = args.filename or source.filename
-    parse_gguf = args.format == "gguf" or (args.format is None and filename.endswith(".gguf"))
     options = FetchOptions(
         expected_sha256=args.sha256, expected_architecture=args.architecture,
-        parse_gguf=parse_gguf, reserve_bytes=args.reserve, max_attempts=args.max_attempts,
+        parse_gguf=False, reserve_bytes=args.reserve, max_attempts=args.max_attempts,
         retry_initial_delay_s=args.retry_delay, retry_max_delay_s=args.retry_max_delay,
         timeout_s=args.timeout, progress_interval_s=args.progress_interval,
         ssl_context=_ssl_context(args.ca_bundle),
     )
+    filename = args.filename or (source.dirname if isinstance(source, DirectorySource)
+                                 else source.filename)
     relative = str(Path(args.subdir) / filename) if args.subdir else filename
+    result: FetchResult | SnapshotResult
     try:
-        result = fetch_artifact(source, args.dest / args.subdir, filename, options)
+        if isinstance(source, DirectorySource):
+            result = fetch_snapshot(source, args.dest / args.subdir, filename, options,
+                                    tuple(args.include or DEFAULT_INCLUDE), args.s3_max_keys)
+        else:
+            parse_gguf = args.format == "gguf" or (args.format is None
+                                                   and filename.endswith(".gguf"))
+            result = fetch_artifact(source, args.dest / args.subdir, filename,
+                                    dataclasses.replace(options, parse_gguf=parse_gguf))
     except FetchError as exc:
         log.error("fetch failed (%s): %s", exc.reason, exc)
         if reporter is not None:
@@ -171,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
                 log.error("could not write the failure into the status: %s", report_exc)
         return exc.exit_code
     if args.result_json:
-        args.result_json.write_text(json.dumps(_result_json(result, relative), indent=2) + "\n")
+        document = (_snapshot_json(result, relative) if isinstance(result, SnapshotResult)
+                    else _result_json(result, relative))
+        args.result_json.write_text(json.dumps(document, indent=2) + "\n")
     if reporter is not None:
         try:
             reporter.succeeded(result, relative)

@@ -22,8 +22,8 @@ import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -88,6 +88,7 @@ class _Response:
     start: int  # offset of the first byte in `body`
     total: int | None
     body: BinaryIO
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def _human(n: float) -> str:
@@ -135,9 +136,10 @@ def _open_http(source: HttpSource, offset: int, options: FetchOptions) -> _Respo
             raise _Retryable("206 without a usable Content-Range")
         start = int(match.group(1))
         total = None if match.group(3) == "*" else int(match.group(3))
-        return _Response(start=start, total=total, body=response)
+        return _Response(start=start, total=total, body=response, headers=response.headers)
     length = response.headers.get("Content-Length")
-    return _Response(start=0, total=int(length) if length is not None else None, body=response)
+    return _Response(start=0, total=int(length) if length is not None else None, body=response,
+                     headers=response.headers)
 
 
 def _http_error(source: HttpSource, code: int, reason: str) -> Exception:
@@ -323,22 +325,19 @@ def _verify(path: Path, sha256: str, size: int, source: Source, options: FetchOp
     return facts
 
 
-def fetch_artifact(source: Source, dest_dir: Path, filename: str, options: FetchOptions) -> (
-        FetchResult):
-    """Make `dest_dir/filename` a verified copy of `source`; raise a FetchError otherwise.
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path, display: str) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` (created, and removed when done).
 
-    Holds an exclusive lock on `<name>.lock` meanwhile: a Job's replacement pod may start
-    while the old one is still terminating, and two writers would corrupt one `.partial`.
+    A Job's replacement pod may start while the old one is still terminating, and two
+    writers would corrupt one `.partial`.
     """
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    lock_path = dest_dir / (filename + LOCK_SUFFIX)
     while True:
         with lock_path.open("a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                log.info("%s: another fetch holds %s; waiting for it", source.display,
-                         lock_path)
+                log.info("%s: another fetch holds %s; waiting for it", display, lock_path)
                 fcntl.flock(lock, fcntl.LOCK_EX)
             # The holder removes the lock file when done: if ours is no longer the file at
             # that path, lock again, or a third fetch could take the new file concurrently.
@@ -348,9 +347,55 @@ def fetch_artifact(source: Source, dest_dir: Path, filename: str, options: Fetch
             except FileNotFoundError:
                 continue
             try:
-                return _fetch_locked(source, dest_dir, filename, options)
+                yield
+                return
             finally:
                 lock_path.unlink(missing_ok=True)
+
+
+def read_document(source: HttpSource, options: FetchOptions, max_bytes: int = 64 * 2**20) -> (
+        tuple[bytes, Mapping[str, str]]):
+    """GET a small document (a listing, a config) whole, with the downloads' retry policy.
+
+    Returns (body, response headers); 404/401/403 raise at once like a download's would.
+    """
+    failures = 0
+    while True:
+        try:
+            response = _open_http(source, 0, options)
+            try:
+                body = response.body.read(max_bytes + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                raise _Retryable(f"connection lost while reading: {exc}") from exc
+            finally:
+                response.body.close()
+            if len(body) > max_bytes:
+                raise SourceUnavailable(
+                    f"{source.display}: answer larger than {_human(max_bytes)}; refusing it")
+            if response.total is not None and len(body) < response.total:
+                raise _Retryable(f"connection closed at {len(body)} of {response.total} bytes")
+            return body, response.headers
+        except _Retryable as exc:
+            failures += 1
+            if failures >= options.max_attempts:
+                raise SourceUnavailable(
+                    f"{source.display}: giving up after {failures} attempts: {exc}") from exc
+            delay = min(options.retry_max_delay_s,
+                        options.retry_initial_delay_s * 2 ** (failures - 1))
+            log.warning("%s: %s; retrying in %.1fs (attempt %d of %d)", source.display, exc,
+                        delay, failures + 1, options.max_attempts)
+            options.sleep(delay)
+
+
+def fetch_artifact(source: Source, dest_dir: Path, filename: str, options: FetchOptions) -> (
+        FetchResult):
+    """Make `dest_dir/filename` a verified copy of `source`; raise a FetchError otherwise.
+
+    Holds an exclusive lock on `<name>.lock` meanwhile (see `exclusive_lock`).
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(dest_dir / (filename + LOCK_SUFFIX), source.display):
+        return _fetch_locked(source, dest_dir, filename, options)
 
 
 def _fetch_locked(source: Source, dest_dir: Path, filename: str, options: FetchOptions) -> (

@@ -2,6 +2,8 @@
 
     phase       Fetching while downloading, Ready when cached and verified, Failed otherwise
     sizeBytes, sha256, facts (the GGUF header, camelCase names), cache {claimName, path}
+                for a safetensors folder: the total size, the snapshot digest, the facts of
+                its config.json (fetch/hf_config.py) and the folder as cache.path
     conditions  Cached    True when the verified file sits under its final name in the cache
                 Verified  True when sha256 and header check passed; False names the reason
 
@@ -25,6 +27,7 @@ from glm_operator.api.modelversion import (
 from glm_operator.fetch.download import FetchResult
 from glm_operator.fetch.errors import FetchError
 from glm_operator.fetch.gguf_header import GGUFFacts
+from glm_operator.fetch.snapshot import SnapshotResult
 from glm_operator.kube.modelversion_status import ServiceAccountAccess, update_modelversion_status
 
 log = logging.getLogger("glm_operator.fetch")
@@ -84,18 +87,27 @@ def fetching_status(obj: Mapping[str, Any], source: str, now: datetime | None = 
             "conditions": _dump(conditions)}
 
 
-def success_status(obj: Mapping[str, Any], result: FetchResult, target: StatusTarget,
-                   relative_path: str, now: datetime | None = None) -> dict[str, Any]:
+def success_status(obj: Mapping[str, Any], result: FetchResult | SnapshotResult,
+                   target: StatusTarget, relative_path: str, now: datetime | None = None) -> (
+        dict[str, Any]):
     generation = _generation(obj)
-    checks = ["sha256 " + ("matches spec.sha256" if (obj.get("spec") or {}).get("sha256")
-                           else "measured (no spec.sha256 to compare)")]
-    if result.gguf is not None:
+    pinned = bool((obj.get("spec") or {}).get("sha256"))
+    what = "snapshot digest" if isinstance(result, SnapshotResult) else "sha256"
+    checks = [f"{what} " + ("matches spec.sha256" if pinned
+                            else "measured (no spec.sha256 to compare)")]
+    if isinstance(result, SnapshotResult):
+        checks.append(f"{len(result.files)} files checked against the source's sizes"
+                      + (" and Hub checksums" if result.revision else ""))
+        if result.facts is not None and result.facts.architecture:
+            checks.append(f"config.json architecture={result.facts.architecture}")
+    elif result.gguf is not None:
         checks.append(f"GGUF header architecture={result.gguf.architecture}")
     conditions = set_condition(
         _conditions(obj), VERIFIED, True, "Verified", "; ".join(checks), generation, now)
+    where = f"{len(result.files)} files, " if isinstance(result, SnapshotResult) else ""
     conditions = set_condition(
         conditions, CACHED, True, "AlreadyCached" if result.from_cache else "Downloaded",
-        f"{result.size_bytes} bytes at {relative_path}"
+        f"{where}{result.size_bytes} bytes at {relative_path}"
         + (f" in PVC {target.claim_name}" if target.claim_name else ""), generation, now)
     status: dict[str, Any] = {
         "phase": ModelVersionPhase.READY.value,
@@ -106,7 +118,11 @@ def success_status(obj: Mapping[str, Any], result: FetchResult, target: StatusTa
                   **({"claimName": target.claim_name} if target.claim_name else {})},
         "conditions": _dump(conditions),
     }
-    if result.gguf is not None:
+    if isinstance(result, SnapshotResult):
+        if result.facts is not None:
+            status["facts"] = result.facts.model_dump(by_alias=True, exclude_none=True,
+                                                      mode="json")
+    elif result.gguf is not None:
         status["facts"] = facts_from_gguf(result.gguf, result.size_bytes)
     return status
 
@@ -138,7 +154,7 @@ class StatusReporter:
     def fetching(self, source: str) -> None:
         self._write(lambda obj: fetching_status(obj, source))
 
-    def succeeded(self, result: FetchResult, relative_path: str) -> None:
+    def succeeded(self, result: FetchResult | SnapshotResult, relative_path: str) -> None:
         self._write(lambda obj: success_status(obj, result, self._target, relative_path))
 
     def failed(self, error: FetchError) -> None:

@@ -5,6 +5,11 @@
     hf://org/repo/path/file?revision=r   {endpoint}/{org}/{repo}/resolve/{r}/{path/file}
     pvc://claim/path/file                a file under {pvc_root}/{claim}/ (the claim is mounted)
 
+Directories (safetensors snapshots, see `parse_directory_source` and docs/fetch.md):
+
+    hf://org/repo[?revision=r]           every file of the repository at that revision
+    s3://bucket/prefix/                  every object under the prefix (note the final '/')
+
 Credentials never appear in the URI; they come from the environment the Job gets from the
 ModelVersion's `credentialsSecret`:
 
@@ -142,7 +147,8 @@ def parse_source(uri: str, settings: SourceSettings) -> Source:
         "" if scheme else " (no scheme given)"))
 
 
-def _s3_source(uri: str, bucket: str, key: str, settings: SourceSettings) -> HttpSource:
+def _s3_source(uri: str, bucket: str, key: str, settings: SourceSettings, query: str = "") -> (
+        HttpSource):
     if settings.s3_endpoint:
         endpoint = settings.s3_endpoint.rstrip("/")
         if endpoint.startswith("http://") and not settings.allow_http:
@@ -150,6 +156,8 @@ def _s3_source(uri: str, bucket: str, key: str, settings: SourceSettings) -> Htt
         url = endpoint + object_path(bucket, key)
     else:
         url = f"https://s3.{settings.s3_region}.amazonaws.com{object_path(bucket, key)}"
+    if query:
+        url += "?" + query
     credentials, region = settings.s3_credentials, settings.s3_region
 
     def signer(method: str, target: str, headers: Mapping[str, str]) -> dict[str, str]:
@@ -171,11 +179,127 @@ def _hf_source(uri: str, org: str, path: str, query: str, settings: SourceSettin
     unknown = set(parse_qs(query)) - {"revision"}
     if unknown:
         raise _bad(uri, f"unknown query parameter(s) {sorted(unknown)}; only revision is allowed")
+    return hf_file_source(uri, org, repo, revision, file_path, settings)
+
+
+def _hf_endpoint(uri: str, settings: SourceSettings) -> str:
     endpoint = settings.hf_endpoint.rstrip("/")
     if endpoint.startswith("http://") and not settings.allow_http:
         raise _bad(uri, f"Hub endpoint {endpoint} is plain http; allow http explicitly")
+    return endpoint
+
+
+def _hf_headers(settings: SourceSettings) -> dict[str, str]:
+    return {"Authorization": f"Bearer {settings.hf_token}"} if settings.hf_token else {}
+
+
+def hf_file_source(uri: str, org: str, repo: str, revision: str, file_path: str,
+                   settings: SourceSettings) -> HttpSource:
+    """One file of a Hub repository, by its path in the repository."""
+    endpoint = _hf_endpoint(uri, settings)
     url = (f"{endpoint}/{quote(org)}/{quote(repo)}/resolve/{quote(revision, safe='')}/"
            f"{quote(file_path)}")
-    headers = {"Authorization": f"Bearer {settings.hf_token}"} if settings.hf_token else {}
     return HttpSource(url=url, display=f"hf://{org}/{repo}/{file_path}@{revision}",
-                      filename=posixpath.basename(file_path), headers=headers)
+                      filename=posixpath.basename(file_path), headers=_hf_headers(settings))
+
+
+# ---------------------------------------------------------------- directories
+
+
+@dataclass(frozen=True)
+class HubRepository:
+    """hf://org/repo?revision=r: a whole repository, listed through the Hub API."""
+
+    uri: str
+    org: str
+    repo: str
+    revision: str
+    settings: SourceSettings = field(repr=False)
+
+    @property
+    def display(self) -> str:
+        return f"hf://{self.org}/{self.repo}@{self.revision}"
+
+    @property
+    def dirname(self) -> str:
+        return self.repo
+
+    def api_source(self, path: str, query: str = "") -> HttpSource:
+        """{endpoint}/api/models/{org}/{repo}/{path}[?query], with the token."""
+        endpoint = _hf_endpoint(self.uri, self.settings)
+        url = f"{endpoint}/api/models/{quote(self.org)}/{quote(self.repo)}/{path}"
+        return HttpSource(url=url + (f"?{query}" if query else ""),
+                          display=f"hf://{self.org}/{self.repo} (Hub API)",
+                          filename="", headers=_hf_headers(self.settings))
+
+    def file_source(self, revision: str, path: str) -> HttpSource:
+        return hf_file_source(self.uri, self.org, self.repo, revision, path, self.settings)
+
+
+@dataclass(frozen=True)
+class S3Prefix:
+    """s3://bucket/prefix/: every object under the prefix, listed with ListObjectsV2."""
+
+    uri: str
+    bucket: str
+    prefix: str  # "" (the whole bucket) or ends with "/"
+    settings: SourceSettings = field(repr=False)
+
+    @property
+    def display(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    @property
+    def dirname(self) -> str:
+        return posixpath.basename(self.prefix.rstrip("/")) or self.bucket
+
+    def list_source(self, query: str) -> HttpSource:
+        """A signed GET of the bucket with `query` (already encoded the way SigV4 wants)."""
+        return _s3_source(self.uri, self.bucket, "", self.settings, query=query)
+
+    def object_source(self, key: str) -> HttpSource:
+        return _s3_source(self.uri, self.bucket, key, self.settings)
+
+
+DirectorySource = HubRepository | S3Prefix
+
+
+def is_directory_uri(uri: str) -> bool:
+    """hf://org/repo (no file part) or s3://bucket/prefix/ (ending in '/')."""
+    parts = urlsplit(uri.strip())
+    scheme = parts.scheme.lower()
+    if scheme == "hf":
+        return len([s for s in parts.path.split("/") if s]) == 1
+    if scheme == "s3":
+        return parts.path.endswith("/")
+    return False
+
+
+def parse_directory_source(uri: str, settings: SourceSettings) -> DirectorySource:
+    """Resolve a directory URI (see `is_directory_uri`); InvalidSourceURI for anything else."""
+    parts = urlsplit(uri.strip())
+    scheme = parts.scheme.lower()
+    if scheme == "hf":
+        segments = [s for s in parts.path.split("/") if s]
+        if not parts.netloc or len(segments) != 1:
+            raise _bad(uri, "expected hf://org/repo[?revision=...] for a whole repository")
+        query = parse_qs(parts.query)
+        unknown = set(query) - {"revision"}
+        if unknown:
+            raise _bad(uri, f"unknown query parameter(s) {sorted(unknown)}; "
+                            "only revision is allowed")
+        revision = query.get("revision", ["main"])[0] or "main"
+        _hf_endpoint(uri, settings)
+        return HubRepository(uri=uri.strip(), org=parts.netloc, repo=segments[0],
+                             revision=revision, settings=settings)
+    if scheme == "s3":
+        bucket, prefix = parts.netloc, parts.path.lstrip("/")
+        if not bucket:
+            raise _bad(uri, "no bucket (expected s3://bucket/prefix/)")
+        if prefix and (not prefix.endswith("/") or prefix.startswith("/")):
+            raise _bad(uri, "a directory is a prefix ending in one '/'")
+        if prefix:
+            _clean_relative_path(uri, prefix.rstrip("/") + "/x", "the prefix")
+        _s3_source(uri, bucket, "", settings)  # refuses a plain-http endpoint early
+        return S3Prefix(uri=uri.strip(), bucket=bucket, prefix=prefix, settings=settings)
+    raise _bad(uri, "only hf://org/repo and s3://bucket/prefix/ name a directory")

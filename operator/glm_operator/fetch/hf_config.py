@@ -1,0 +1,178 @@
+"""Model facts of a safetensors snapshot: Hugging Face config.json plus the safetensors headers.
+
+config.json key                            -> status.facts (GGUF vocabulary, as for a GGUF file)
+  architectures[0] / model_type            -> architecture, as llama.cpp names it (table below)
+  num_hidden_layers (+ nextn, see below)   -> blockCount
+  hidden_size                              -> embeddingLength
+  num_attention_heads                      -> headCount
+  num_key_value_heads                      -> headCountKv
+  head_dim                                 -> keyLength, valueLength
+  max_position_embeddings                  -> contextLength
+  num_nextn_predict_layers                 -> nextnPredictLayers
+  n_routed_experts | num_experts | num_local_experts -> expertCount
+  num_experts_per_tok                      -> expertUsedCount
+  vocab_size                               -> vocabSize
+ChatGLM's own names (num_layers, seq_length, multi_query_group_num, kv_channels,
+padded_vocab_size) are read when the standard ones are absent, and a multimodal config's
+`text_config` when the top level has no layers.
+
+The architecture is the GGUF name (glm4, glm4moe, ...), not the transformers class name,
+so measured facts mean the same whatever the format: the planner's layer convention and the
+vLLM GLM tool/reasoning parser key off it, and spec.architecture is compared with it. For
+the same reason blockCount counts the nextn (MTP) layers for the architectures whose GGUF
+block_count does (glm4moe, glm-dsa, deepseek2), exactly as llama.cpp's converter writes it;
+the planner subtracts them again.
+
+parameterCount is summed from the tensor shapes in each *.safetensors header (8-byte
+little-endian length, then JSON), which is what the weights really hold.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import struct
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from glm_operator.api.modelversion import ModelFacts
+from glm_operator.planning.facts import ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT
+
+log = logging.getLogger("glm_operator.fetch")
+
+# transformers class (config.json architectures[0]) -> llama.cpp architecture name.
+HF_TO_GGUF_ARCHITECTURE: dict[str, str] = {
+    "Glm4ForCausalLM": "glm4",
+    "Glm4MoeForCausalLM": "glm4moe",
+    "GlmMoeDsaForCausalLM": "glm-dsa",
+    "GlmForCausalLM": "chatglm",
+    "ChatGLMModel": "chatglm",
+    "ChatGLMForConditionalGeneration": "chatglm",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2MoeForCausalLM": "qwen2moe",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+    "DeepseekV2ForCausalLM": "deepseek2",
+    "DeepseekV3ForCausalLM": "deepseek2",
+}
+_SAFETENSORS_HEADER_LIMIT = 100 * 2**20  # the format's own cap on the JSON header
+
+
+def _first(config: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        value = config.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def architecture_names(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+    """(GGUF-style architecture, every name config.json gives for it)."""
+    classes = [a for a in (config.get("architectures") or []) if isinstance(a, str)]
+    model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
+    names = [*classes, *([model_type] if model_type else [])]
+    for cls in classes:
+        if cls in HF_TO_GGUF_ARCHITECTURE:
+            return HF_TO_GGUF_ARCHITECTURE[cls], [HF_TO_GGUF_ARCHITECTURE[cls], *names]
+    return (model_type or (classes[0] if classes else None)), names
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "").replace(".", "")
+
+
+def architecture_matches(expected: str, names: Iterable[str]) -> bool:
+    """spec.architecture against config.json's names, ignoring case, '_', '-' and '.'."""
+    return any(_normal(expected) == _normal(n) for n in names)
+
+
+def facts_from_config(config: Mapping[str, Any], size_bytes: int | None = None,
+                      parameter_count: int | None = None) -> ModelFacts:
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and _first(config, "num_hidden_layers", "num_layers") is None:
+        config = {**config, **text}
+    architecture, _ = architecture_names(config)
+    layers = _int(_first(config, "num_hidden_layers", "num_layers", "n_layer"))
+    nextn = _int(config.get("num_nextn_predict_layers"))
+    if layers is not None and nextn and architecture in ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT:
+        layers += nextn
+    head_dim = _int(_first(config, "head_dim", "kv_channels"))
+    values: dict[str, Any] = {
+        "architecture": architecture,
+        "block_count": layers,
+        "embedding_length": _int(_first(config, "hidden_size", "n_embd", "d_model")),
+        "head_count": _int(_first(config, "num_attention_heads", "n_head")),
+        "head_count_kv": _int(_first(config, "num_key_value_heads", "multi_query_group_num")),
+        "key_length": head_dim,
+        "value_length": head_dim,
+        "context_length": _int(_first(config, "max_position_embeddings", "seq_length",
+                                      "n_positions")),
+        "nextn_predict_layers": nextn,
+        "expert_count": _int(_first(config, "n_routed_experts", "num_experts",
+                                    "num_local_experts")),
+        "expert_used_count": _int(config.get("num_experts_per_tok")),
+        "vocab_size": _int(_first(config, "vocab_size", "padded_vocab_size")),
+        "parameter_count": parameter_count or None,
+        "size_bytes": size_bytes or None,
+    }
+    values = {k: v for k, v in values.items() if v is not None}
+    # A value the API would refuse (out of range) is dropped with a warning, not fatal:
+    # the remaining facts still plan better than none.
+    for _ in range(len(values) + 1):
+        try:
+            return ModelFacts.model_validate(values)
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            if not bad & set(values):
+                raise
+            for name in bad & set(values):
+                log.warning("config.json: ignoring %s=%r (%s)", name, values.pop(name),
+                            "outside the API's range")
+    return ModelFacts()
+
+
+def read_config(path: Path) -> dict[str, Any] | None:
+    """config.json as a dict; None when absent or not a JSON object (logged)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        log.warning("%s is not valid JSON (%s); no facts from it", path, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def safetensors_parameter_count(path: Path) -> int:
+    """Elements of every tensor in one .safetensors file, from its header alone."""
+    with path.open("rb") as handle:
+        raw = handle.read(8)
+        if len(raw) != 8:
+            raise ValueError(f"{path.name}: shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if length > _SAFETENSORS_HEADER_LIMIT:
+            raise ValueError(f"{path.name}: header length {length} is not plausible")
+        header = json.loads(handle.read(length))
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}: header is not a JSON object")
+    total = 0
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        shape = tensor.get("shape") if isinstance(tensor, dict) else None
+        if not isinstance(shape, list):
+            raise ValueError(f"{path.name}: tensor {name!r} has no shape")
+        total += math.prod(int(d) for d in shape)
+    return total
