@@ -287,7 +287,7 @@ def kwokctl_configuration(binaries: Binaries) -> dict[str, Any]:
         # reconcile benchmark's 500 GLMServices. A /16 is what real clusters use.
         "componentsPatches": [
             {"name": "kube-apiserver", "extraArgs": [
-                {"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": True},
+                {"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": False},
             ]},
         ],
     }
