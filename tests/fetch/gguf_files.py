@@ -41,8 +41,10 @@ def write_gguf(path: Path, arch: str, keys: dict[str, Any] | None = None,
 
 GLM4_KEYS = {"block_count": 40, "context_length": 131072, "embedding_length": 4096,
              "attention.head_count": 32, "attention.head_count_kv": 2,
-             "attention.key_length": 128, "attention.value_length": 128}
+             "attention.key_length": 128, "attention.value_length": 128,
+             "feed_forward_length": 13696}
 GLM4MOE_KEYS = {**GLM4_KEYS, "block_count": 47, "nextn_predict_layers": 1, "expert_count": 128,
-                "expert_used_count": 8}
+                "expert_used_count": 8, "feed_forward_length": 10944,
+                "expert_feed_forward_length": 1408}
 LLAMA_KEYS = {"block_count": 2, "context_length": 4096, "embedding_length": 64,
               "attention.head_count": 4, "attention.head_count_kv": 2}

@@ -22,7 +22,8 @@ OBJ = {"metadata": {"name": "mv", "generation": 3}, "spec": {"sha256": "a" * 64}
 FACTS = GGUFFacts(version=3, tensor_count=10, kv_count=20, architecture="glm4moe",
                   block_count=47, context_length=131072, embedding_length=4096, head_count=96,
                   head_count_kv=8, key_length=128, value_length=128, nextn_predict_layers=1,
-                  expert_count=128, expert_used_count=8, file_type=15)
+                  expert_count=128, expert_used_count=8, file_type=15,
+                  feed_forward_length=10944, expert_feed_forward_length=1408)
 RESULT = FetchResult(Path("/cache/m.gguf"), 1234, "a" * 64, FACTS, False, 0, 1, 0.5)
 
 
@@ -38,6 +39,8 @@ def test_success_status_validates_against_the_api_types() -> None:
     assert parsed.facts.nextn_predict_layers == 1 and parsed.facts.block_count == 47
     assert status["cache"] == {"path": "m.gguf", "claimName": "mv-cache"}
     assert status["facts"]["headCountKv"] == 8
+    assert (status["facts"]["feedForwardLength"], status["facts"]["expertFeedForwardLength"]) == (
+        10944, 1408)
     assert _condition(status, "Verified")["status"] == "True"
     assert _condition(status, "Cached")["reason"] == "Downloaded"
     assert _condition(status, "Cached")["observedGeneration"] == 3

@@ -17,6 +17,7 @@ def test_glm4_header_facts(make_gguf: MakeGGUF) -> None:
     assert (facts.block_count, facts.context_length, facts.embedding_length) == (40, 131072, 4096)
     assert (facts.head_count, facts.head_count_kv) == (32, 2)
     assert (facts.key_length, facts.value_length) == (128, 128)
+    assert (facts.feed_forward_length, facts.expert_feed_forward_length) == (13696, None)
     assert facts.nextn_predict_layers is None and facts.expert_count is None
     assert facts.file_type_name == "Q4_K_M"
     assert facts.version == 3 and facts.tensor_count == 2
@@ -28,12 +29,14 @@ def test_glm4moe_header_has_moe_and_nextn(make_gguf: MakeGGUF) -> None:
     assert facts.block_count == 47
     assert facts.nextn_predict_layers == 1
     assert (facts.expert_count, facts.expert_used_count) == (128, 8)
+    assert (facts.feed_forward_length, facts.expert_feed_forward_length) == (10944, 1408)
 
 
 def test_llama_header_without_optional_keys(make_gguf: MakeGGUF) -> None:
     facts = read_gguf_file(make_gguf("llama"))
     assert facts.architecture == "llama"
     assert facts.key_length is None and facts.value_length is None
+    assert facts.feed_forward_length is None
 
 
 def test_tensor_data_bytes_is_the_rest_of_the_file(make_gguf: MakeGGUF) -> None:

@@ -128,11 +128,12 @@ def test_plan_request_from_api_objects_prefers_measured_facts() -> None:
     mv = ModelVersion.model_validate({
         "metadata": {"name": "air"},
         "spec": {"source": {"uri": "https://h/air.gguf"}, "format": "gguf",
-                 "facts": {"parameterCount": 106_000_000_000}},
+                 "facts": {"parameterCount": 106_000_000_000, "feedForwardLength": 10944}},
         "status": {"sizeBytes": 70_000_000_000, "facts": {
             "architecture": "glm4moe", "blockCount": 47, "nextnPredictLayers": 1,
             "embeddingLength": 4096, "headCount": 96, "headCountKv": 8, "keyLength": 128,
-            "valueLength": 128, "contextLength": 131072, "fileType": "Q4_K_M"}},
+            "valueLength": 128, "contextLength": 131072, "fileType": "Q4_K_M",
+            "expertFeedForwardLength": 1408}},
     })
     svc = GLMService.model_validate({"metadata": {"name": "s"}, "spec": {
         "modelVersion": "air", "accelerator": {"profile": "nvidia-h200"},
@@ -143,6 +144,9 @@ def test_plan_request_from_api_objects_prefers_measured_facts() -> None:
     assert request.facts.block_count == 46  # the header's 47 includes the nextn layer
     assert request.facts.parameter_count == 106_000_000_000  # declared, kept
     assert request.facts.weights_bytes == 70_000_000_000
+    # FFN widths (compute buffer): declared and measured merge field by field.
+    assert (request.facts.feed_forward_length, request.facts.expert_feed_forward_length) == (
+        10944, 1408)
     lc = plan_request_for(svc, mv, long_context=True)
     assert (lc.context_length, lc.concurrency, lc.long_context) == (131072, 1, True)
 

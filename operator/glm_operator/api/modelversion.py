@@ -165,6 +165,21 @@ class ModelFacts(SpecModel):
     context_length: int | None = Field(
         default=None, ge=1, le=16777216, description="Training context length (n_ctx_train)."
     )
+    feed_forward_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=16777216,
+        description=(
+            "FFN intermediate width (n_ff; Hugging Face intermediate_size); for MoE the dense "
+            "layers' width. Sizes llama.cpp's compute buffer; 4 x embeddingLength when absent."
+        ),
+    )
+    expert_feed_forward_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=16777216,
+        description="MoE: one expert's FFN width (n_ff_exp; Hugging Face moe_intermediate_size).",
+    )
     nextn_predict_layers: int | None = Field(
         default=None,
         ge=0,

@@ -78,6 +78,8 @@ class GGUFFacts:
     head_count_kv: int | None = None
     key_length: int | None = None
     value_length: int | None = None
+    feed_forward_length: int | None = None  # n_ff; a per-layer array gives its largest
+    expert_feed_forward_length: int | None = None  # MoE: one expert's n_ff
     nextn_predict_layers: int | None = None
     expert_count: int | None = None
     expert_used_count: int | None = None
@@ -247,6 +249,8 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
         head_count_kv=arch_int("attention.head_count_kv"),
         key_length=arch_int("attention.key_length"),
         value_length=arch_int("attention.value_length"),
+        feed_forward_length=arch_int("feed_forward_length"),
+        expert_feed_forward_length=arch_int("expert_feed_forward_length"),
         nextn_predict_layers=arch_int("nextn_predict_layers"),
         expert_count=arch_int("expert_count"),
         expert_used_count=arch_int("expert_used_count"),

@@ -53,6 +53,8 @@ def facts_from_gguf(facts: GGUFFacts, size_bytes: int) -> dict[str, Any]:
         key_length=facts.key_length,
         value_length=facts.value_length,
         context_length=facts.context_length,
+        feed_forward_length=facts.feed_forward_length,
+        expert_feed_forward_length=facts.expert_feed_forward_length,
         nextn_predict_layers=facts.nextn_predict_layers,
         expert_count=facts.expert_count,
         expert_used_count=facts.expert_used_count,

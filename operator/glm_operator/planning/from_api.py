@@ -28,6 +28,7 @@ _COPIED = (
     "architecture", "block_count", "embedding_length", "head_count", "head_count_kv",
     "key_length", "value_length", "context_length", "nextn_predict_layers", "expert_count",
     "expert_used_count", "parameter_count", "active_parameter_count", "vocab_size",
+    "feed_forward_length", "expert_feed_forward_length",
 )  # fmt: skip
 
 
