@@ -7,6 +7,7 @@ Objects are uploaded with boto3 (a real S3 client); the fetcher signs its own re
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -20,7 +21,14 @@ from typing import Any
 import pytest
 
 from e2e import toolchain
-from e2e.fetch_helpers import run_fetch, sha256_of, write_served_gguf
+from e2e.fetch_helpers import (
+    SafetensorsModel,
+    folder_digest,
+    run_fetch,
+    sha256_of,
+    write_safetensors_model,
+    write_served_gguf,
+)
 
 ROOT_USER, ROOT_PASSWORD = "glm-e2e-admin", "glm-e2e-secret-key"
 BUCKET = "models"
@@ -135,3 +143,88 @@ def test_s3_plain_http_endpoint_needs_allow_http(minio: MinIO, tmp_path: Path) -
     run = run_fetch("--source", f"s3://{BUCKET}/glm/x.gguf", "--dest", str(tmp_path),
                     env=minio.env())
     assert run.code == 2 and "allow http" in run.log
+
+
+# ---------------------------------------------------------------- folders (safetensors)
+
+
+@pytest.fixture(scope="module")
+def uploaded_folder(minio: MinIO, tmp_path_factory: pytest.TempPathFactory) -> SafetensorsModel:
+    model = write_safetensors_model(tmp_path_factory.mktemp("s3-st") / "GLM-4-tiny")
+    client = minio.client()
+    for path in sorted(p for p in model.folder.rglob("*") if p.is_file()):
+        key = f"zai-org/GLM-4-tiny/{path.relative_to(model.folder).as_posix()}"
+        client.upload_file(str(path), BUCKET, key)
+    # A sibling whose name shares the prefix's text must not leak into the listing.
+    client.put_object(Bucket=BUCKET, Key="zai-org/GLM-4-tiny-old/config.json", Body=b"{}")
+    client.put_object(Bucket=BUCKET, Key="zai-org/GLM-4-tiny/", Body=b"")  # a folder marker
+    return model
+
+
+def test_s3_folder_paginates_downloads_and_verifies(
+        minio: MinIO, uploaded_folder: SafetensorsModel, tmp_path: Path) -> None:
+    expected = folder_digest(uploaded_folder.folder, uploaded_folder.included)
+    result_json = tmp_path / "result.json"
+    run = run_fetch("--allow-http", "--format", "safetensors", "--source",
+                    f"s3://{BUCKET}/zai-org/GLM-4-tiny/", "--dest", str(tmp_path / "cache"),
+                    "--sha256", expected, "--architecture", "glm4moe", "--s3-max-keys", "2",
+                    "--result-json", str(result_json), env=minio.env())
+    assert run.code == 0, run.log
+    folder = tmp_path / "cache" / "GLM-4-tiny"  # the renderer's model path: /models/GLM-4-tiny
+    assert folder_digest(folder) == expected
+    for name in uploaded_folder.included:
+        assert (folder / name).read_bytes() == (uploaded_folder.folder / name).read_bytes()
+    for name in uploaded_folder.excluded:
+        assert not (folder / name).exists()
+    result = json.loads(result_json.read_text())
+    assert result["sha256"] == expected and result["files"] == len(uploaded_folder.included)
+    assert result["facts"]["blockCount"] == 47 and result["facts"]["architecture"] == "glm4moe"
+    assert result["facts"]["parameterCount"] == uploaded_folder.parameters
+    manifest = json.loads((folder / ".glm-operator-manifest.json").read_text())
+    assert [f["path"] for f in manifest["files"]] == uploaded_folder.included
+    assert all(f["sha256"] == sha256_of(uploaded_folder.folder / f["path"])
+               for f in manifest["files"])
+
+
+def test_s3_folder_listing_pages_are_followed(
+        minio: MinIO, uploaded_folder: SafetensorsModel, tmp_path: Path) -> None:
+    # 13 objects under the prefix (12 files and the marker) at 2 keys a page: 7 signed pages.
+    # Anything short of following every continuation token misses files and fails here.
+    run = run_fetch("--allow-http", "--format", "safetensors", "--source",
+                    f"s3://{BUCKET}/zai-org/GLM-4-tiny/", "--dest", str(tmp_path),
+                    "--s3-max-keys", "2", "--include", "*", env=minio.env())
+    assert run.code == 0, run.log
+    fetched = sorted(p.relative_to(tmp_path / "GLM-4-tiny").as_posix()
+                     for p in (tmp_path / "GLM-4-tiny").rglob("*") if p.is_file())
+    assert fetched == sorted([*uploaded_folder.included, *uploaded_folder.excluded,
+                              ".glm-operator-manifest.json", ".glm-operator.sha256sums"])
+    assert (tmp_path / "GLM-4-tiny" / "config.json").read_bytes() == (
+        uploaded_folder.folder / "config.json").read_bytes()  # not GLM-4-tiny-old's
+
+
+def test_s3_folder_resumes_one_object(minio: MinIO, uploaded_folder: SafetensorsModel,
+                                      tmp_path: Path) -> None:
+    shard = "model-00002-of-00002.safetensors"
+    partial = tmp_path / "GLM-4-tiny.partial"
+    partial.mkdir()
+    (partial / (shard + ".partial")).write_bytes(
+        (uploaded_folder.folder / shard).read_bytes()[:500_000])
+    result_json = tmp_path / "result.json"
+    run = run_fetch("--allow-http", "--source", f"s3://{BUCKET}/zai-org/GLM-4-tiny/",
+                    "--dest", str(tmp_path), "--result-json", str(result_json), env=minio.env())
+    assert run.code == 0, run.log
+    assert f"s3://{BUCKET}/zai-org/GLM-4-tiny/{shard}: resuming from" in run.log
+    assert json.loads(result_json.read_text())["resumedFiles"] == 1
+    assert sha256_of(tmp_path / "GLM-4-tiny" / shard) == sha256_of(uploaded_folder.folder / shard)
+
+
+def test_s3_folder_empty_prefix_and_auth(minio: MinIO, uploaded_folder: SafetensorsModel,
+                                         tmp_path: Path) -> None:
+    empty = run_fetch("--allow-http", "--source", f"s3://{BUCKET}/zai-org/none/",
+                      "--dest", str(tmp_path), env=minio.env())
+    assert empty.code == 3 and "no objects under this prefix" in empty.log, empty.log
+    denied = run_fetch("--allow-http", "--source", f"s3://{BUCKET}/zai-org/GLM-4-tiny/",
+                       "--dest", str(tmp_path), env=minio.env(secret="not-the-secret"))
+    assert denied.code == 4 and "HTTP 403" in denied.log, denied.log
+    assert list(tmp_path.iterdir()) == []
+
