@@ -296,7 +296,7 @@ def parse_directory_source(uri: str, settings: SourceSettings) -> DirectorySourc
         bucket, prefix = parts.netloc, parts.path.lstrip("/")
         if not bucket:
             raise _bad(uri, "no bucket (expected s3://bucket/prefix/)")
-        if prefix and (not prefix.endswith("/") or prefix.startswith("/")):
+        if prefix and (not prefix.endswith("/") or prefix.startswith("/") or "//" in prefix):
             raise _bad(uri, "a directory is a prefix ending in one '/'")
         if prefix:
             _clean_relative_path(uri, prefix.rstrip("/") + "/x", "the prefix")
