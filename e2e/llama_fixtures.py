@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -111,8 +112,8 @@ def _engine_env(binary: Path) -> dict[str, str]:
 def start_rendered(argv: list[str], port: int, binary: Path, log_dir: Path,
                    ready_timeout: float = 180.0) -> LlamaServer:
     """Start `argv` unchanged: its `llama-server` command is found on PATH (the pinned build's
-    directory first), it listens where the argv says (0.0.0.0:<port>); the log level comes
-    from LOAD_LOG_ENV."""
+    directory first), it listens where the argv says (127.0.0.1:<port>, loopback as in the
+    pod); the log level comes from LOAD_LOG_ENV."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"llama-server-{port}.log"
     env = _engine_env(binary)
@@ -128,6 +129,28 @@ def start_rendered(argv: list[str], port: int, binary: Path, log_dir: Path,
         server.stop()
         raise
     return server
+
+
+def non_loopback_address() -> str:
+    """This machine's address on its default route: where another pod would connect from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("203.0.113.1", 9))  # UDP: no packet is sent, only a route chosen
+        except OSError as exc:
+            pytest.fail(f"no non-loopback IPv4 address to check the engine's bind with: {exc}")
+        address: str = sock.getsockname()[0]
+    if address.startswith("127."):
+        pytest.fail(f"the default route's address {address} is loopback")
+    return address
+
+
+def refuses_connections(host: str, port: int) -> bool:
+    """True when nothing listens on host:port (connection refused), False when something does."""
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return False
+    except ConnectionRefusedError:
+        return True
 
 
 def run_to_exit(argv: list[str], binary: Path, timeout: float = 60.0

@@ -22,6 +22,8 @@ from e2e.llama_fixtures import (
     cpu_plan,
     facts_of,
     llama_binary,  # noqa: F401 (fixture)
+    non_loopback_address,
+    refuses_connections,
     rendered_argv,
     run_to_exit,
     start_rendered,
@@ -68,6 +70,10 @@ def test_rendered_argv_serves(case: CpuCase, model: Path, llama_binary: Path,  #
 
     with start_rendered(argv, port, llama_binary, tmp_path) as server:
         assert server.argv == argv  # started exactly as rendered
+        # Loopback only: another pod (here: this machine's own outside address) cannot
+        # reach the engine and skip the gateway's keys and limits.
+        assert refuses_connections(non_loopback_address(), port)
+        assert not refuses_connections("127.0.0.1", port)
         status, body = http_json(server.url + "/v1/chat/completions", {
             "model": ALIAS,
             "messages": [{"role": "user", "content": "Hello there"}],

@@ -28,6 +28,8 @@ class FakeEngine:
     name: str = "main"
     calls: list[dict[str, Any]] = field(default_factory=list)
     ready: asyncio.Event | None = None  # /readyz is 503 until set (a pool that is waking)
+    health_status: int = 200  # llama-server: 503 while loading
+    health_delay: float = 0.0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -39,6 +41,11 @@ class FakeEngine:
         return app
 
     async def health(self, _request: web.Request) -> web.Response:
+        await asyncio.sleep(self.health_delay)
+        if self.health_status != 200:
+            return web.json_response({"error": {"code": 503, "message": "Loading model",
+                                                "type": "unavailable_error"}},
+                                     status=self.health_status)
         return web.json_response({"status": "ok"})
 
     async def readyz(self, _request: web.Request) -> web.Response:
@@ -316,3 +323,45 @@ async def test_engine_down_is_a_fast_503() -> None:
         assert missing.status == 404 and (await missing.json())["error"]["code"] == "not_found"
     finally:
         await client.close()
+
+
+async def test_enginez_relays_the_engines_health(engine: tuple[FakeEngine, str],
+                                                 tmp_path: Path) -> None:
+    """The engine container's probes: the engine's /health through the gateway, without a
+    key, fast when the engine is slow or gone, and never in the request metrics."""
+    fake, url = engine
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "a").write_text("key-a")
+    client = await gateway_client(base_config(url, api_keys_path=keys,
+                                              engine_health_timeout_seconds=0.3))
+    try:
+        response = await client.get("/enginez")  # no Authorization header
+        assert response.status == 200
+        assert await response.json() == {"status": "ok"}
+        fake.health_status = 503
+        response = await client.get("/enginez")
+        assert response.status == 503
+        body = await response.json()
+        assert body["engine_status"] == 503 and "Loading model" in body["detail"]
+        fake.health_status, fake.health_delay = 200, 2.0
+        started = asyncio.get_running_loop().time()
+        response = await client.get("/enginez")
+        assert response.status == 503
+        assert asyncio.get_running_loop().time() - started < 1.5
+        assert "0.3 s" in (await response.json())["detail"]
+        fake.health_delay = 0.0
+        assert (await client.get("/enginez")).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert "glm_gateway_requests_total{" not in metrics
+    finally:
+        await client.close()
+    down = await gateway_client(GatewayConfig(engine_url="http://127.0.0.1:9",
+                                              service_name="glm"))
+    try:
+        response = await down.get("/enginez")
+        assert response.status == 503
+        assert (await response.json())["engine_status"] is None
+        assert (await down.get("/healthz")).status == 200  # the gateway itself is fine
+    finally:
+        await down.close()

@@ -6,6 +6,12 @@ import re
 from typing import Any
 
 from glm_operator.render.names import SERVICE_LABEL, VERSION_LABEL
+from glm_operator.render.pod import (
+    ENGINE_CONTAINER,
+    ENGINE_HEALTH_PATH,
+    GATEWAY_CONTAINER,
+    GATEWAY_PORT_NAME,
+)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "ash", "dash", "zsh"}
@@ -69,6 +75,45 @@ def container_problems(where: str, c: dict[str, Any], pod_sc: dict[str, Any]) ->
     return out
 
 
+LOOPBACK_HOSTS = {"127.0.0.1", "::1", "localhost"}
+ENGINE_PROBES = ("startupProbe", "livenessProbe")
+
+
+def listen_hosts(argv: list[str]) -> list[str]:
+    """Every address an engine argv asks to listen on (`--host X` and `--host=X`)."""
+    hosts = [argv[i + 1] if i + 1 < len(argv) else "" for i, a in enumerate(argv)
+             if a == "--host"]
+    return hosts + [a.partition("=")[2] for a in argv if a.startswith("--host=")]
+
+
+def engine_pod_problems(where: str, pod: dict[str, Any]) -> list[str]:
+    """The engine is reachable only through the gateway: it listens on loopback, declares no
+    port a Service could target, and its probes go to the gateway's /enginez."""
+    containers = {c["name"]: c for c in pod["containers"]}
+    engine, gateway = containers.get(ENGINE_CONTAINER), containers.get(GATEWAY_CONTAINER)
+    if engine is None:
+        return []
+    if gateway is None:
+        return [f"{where}: an engine container without the gateway in front of it"]
+    out: list[str] = []
+    hosts = listen_hosts([*engine.get("command", []), *engine.get("args", [])])
+    if len(hosts) != 1 or hosts[0] not in LOOPBACK_HOSTS:
+        # vLLM listens on 0.0.0.0 without --host: the flag must be there, once, loopback.
+        out.append(f"{where}: the engine must listen on loopback only, got --host {hosts}")
+    if engine.get("ports"):
+        out.append(f"{where}: the engine declares ports {engine['ports']}: keep it out of "
+                   "Services")
+    gateway_ports = {p["containerPort"] for p in gateway.get("ports", [])}
+    for probe in ENGINE_PROBES:
+        get = engine.get(probe, {}).get("httpGet", {})
+        if get.get("path") != ENGINE_HEALTH_PATH or get.get("port") not in gateway_ports:
+            out.append(f"{where}: engine {probe} must be the gateway's {ENGINE_HEALTH_PATH} "
+                       f"on its port number {sorted(gateway_ports)}, got {get}")
+    if "readinessProbe" in engine:
+        out.append(f"{where}: the gateway's /readyz is the pod's readiness, not the engine's")
+    return out
+
+
 def object_problems(obj: dict[str, Any]) -> list[str]:
     out: list[str] = []
     meta = obj["metadata"]
@@ -101,6 +146,12 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
         declared = {v["name"] for v in pod.get("volumes", [])}
         if mounted - declared:
             out.append(f"{where}: mounts undeclared volumes {sorted(mounted - declared)}")
+        out += engine_pod_problems(where, pod)
+    if obj["kind"] == "Service":
+        targets = [p.get("targetPort") for p in obj["spec"].get("ports", [])]
+        if any(t != GATEWAY_PORT_NAME for t in targets):
+            out.append(f"{where}: targets {targets}; only the gateway port "
+                       f"{GATEWAY_PORT_NAME!r} may be exposed")
     if obj["kind"] == "Deployment":
         selector = obj["spec"]["selector"]["matchLabels"]
         if SERVICE_LABEL not in selector or VERSION_LABEL not in selector:

@@ -47,7 +47,7 @@ def test_llamacpp_argv_carries_every_planned_setting() -> None:
     argv = llamacpp_argv(p, "/models/glm.gguf", 8081, "chat", ["--jinja"])
     assert argv[0] == "llama-server"
     assert flag(argv, "--model") == "/models/glm.gguf"
-    assert flag(argv, "--host") == "0.0.0.0"
+    assert flag(argv, "--host") == "127.0.0.1"  # loopback: only the pod's gateway reaches it
     assert flag(argv, "--port") == "8081"
     assert flag(argv, "--alias") == "chat"
     assert flag(argv, "--ctx-size") == str(s.ctx_size) == str(32768 * 4)
@@ -101,6 +101,7 @@ def test_vllm_argv_and_glm_parsers() -> None:
     argv = vllm_argv(p, "/models/air", 8081, "air", ["--enable-prefix-caching"])
     assert argv[:3] == ["vllm", "serve", "/models/air"]
     assert flag(argv, "--served-model-name") == "air"
+    assert flag(argv, "--host") == "127.0.0.1"  # vLLM's default would be 0.0.0.0
     assert flag(argv, "--port") == "8081"
     assert flag(argv, "--tensor-parallel-size") == "2"
     assert flag(argv, "--max-model-len") == "65536"

@@ -248,6 +248,63 @@ def test_missing_uid_is_a_clear_error_unless_rendering_offline() -> None:
     assert all("ownerReferences" not in o["metadata"] for o in objects)
 
 
+@pytest.mark.parametrize(("engine", "accelerator"), VALID_CASES)
+def test_engine_is_reachable_only_through_the_gateway(engine: str, accelerator: str) -> None:
+    config = OperatorConfig(imageTag="0.1.0", gatewayPort=9000, enginePort=9001)
+    i = golden_inputs(engine, accelerator)
+    objects = render_service(inputs(i.service, i.model_version, config, i.capabilities))
+    for deployment in by_kind(objects, "Deployment"):
+        engine_c, gateway = container(deployment, "engine"), container(deployment, "gateway")
+        assert arg(engine_c, "--host") == "127.0.0.1"
+        assert arg(engine_c, "--port") == "9001"
+        assert "ports" not in engine_c
+        assert arg(gateway, "--engine-url") == "http://127.0.0.1:9001"
+        for probe in ("startupProbe", "livenessProbe"):
+            # The gateway's number: a named port resolves among the engine's own ports.
+            assert engine_c[probe]["httpGet"] == {"path": "/enginez", "port": 9000}
+        assert "readinessProbe" not in engine_c
+        assert gateway["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    for svc in by_kind(objects, "Service"):
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]
+    assert problems(objects) == []
+
+
+def _engine_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return container(by_kind(objects, "Deployment")[0], "engine")
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+def test_invariants_catch_an_engine_reachable_from_other_pods(engine: str) -> None:
+    """The invariants that every golden case and example passes must fail on an engine that
+    listens beyond loopback, declares a port, or is probed directly."""
+    objects = render_service(golden_inputs(engine, "a10"))
+    args = _engine_of(objects)["args"]
+    args[args.index("--host") + 1] = "0.0.0.0"
+    assert any("loopback" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    args = _engine_of(objects)["args"]
+    at = args.index("--host")
+    del args[at:at + 2]  # vLLM's default is 0.0.0.0: a missing --host is no better
+    assert any("loopback" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    _engine_of(objects)["args"].append("--host=10.0.0.5")
+    assert any("loopback" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    _engine_of(objects)["ports"] = [{"name": "engine", "containerPort": 8081}]
+    assert any("keep it out of Services" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    _engine_of(objects)["livenessProbe"]["httpGet"] = {"path": "/health", "port": 8081}
+    assert any("livenessProbe" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    by_kind(objects, "Service")[0]["spec"]["ports"][0]["targetPort"] = 8081
+    assert any("only the gateway port" in p for p in problems(objects))
+
+
 def test_operator_config_sets_images_and_ports() -> None:
     config = OperatorConfig(imageRegistry="registry.example.com/ml", imageTag="1.2.3",
                             gatewayPort=9000, enginePort=9001)

@@ -49,6 +49,7 @@ class GatewayConfig:
     audit: str = "off"  # off | stdout | a file path
     audit_include_text: bool = False
     connect_timeout_seconds: float = 2.0
+    engine_health_timeout_seconds: float = 2.0  # /enginez and /readyz ask the engine's /health
     read_timeout_seconds: float = 600.0
     warmup: bool = True
 
@@ -148,6 +149,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write prompt and completion text [GLM_GATEWAY_AUDIT_INCLUDE_TEXT]")
     add("--connect-timeout", type=float, default=float(_env("CONNECT_TIMEOUT", "2")),
         help="seconds to connect to the engine before 503 [GLM_GATEWAY_CONNECT_TIMEOUT]")
+    add("--engine-health-timeout", type=float,
+        default=float(_env("ENGINE_HEALTH_TIMEOUT", "2")),
+        help="seconds the engine's /health may take before /enginez and /readyz answer 503 "
+             "[GLM_GATEWAY_ENGINE_HEALTH_TIMEOUT]")
     add("--read-timeout", type=float, default=float(_env("READ_TIMEOUT", "600")),
         help="seconds without a byte from the engine before 504 [GLM_GATEWAY_READ_TIMEOUT]")
     add("--no-warmup", dest="warmup", action="store_false", default=_env_bool("WARMUP", True),
@@ -188,6 +193,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         audit=args.audit,
         audit_include_text=args.audit_include_text,
         connect_timeout_seconds=args.connect_timeout,
+        engine_health_timeout_seconds=args.engine_health_timeout,
         read_timeout_seconds=args.read_timeout,
         warmup=args.warmup,
     )

@@ -86,6 +86,7 @@ class Gateway:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/enginez", self.enginez)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_route("*", "/{tail:.*}", self.not_found)
         app.on_startup.append(self._start)
@@ -154,14 +155,22 @@ class Gateway:
         if not self.engine_slots and isinstance(props.get("total_slots"), int):
             self.engine_slots = props["total_slots"]
 
-    async def _engine_healthy(self) -> bool:
+    async def _engine_health(self) -> tuple[int | None, str]:
+        """The engine's own /health: (its status, its body) or (None, why it did not answer)."""
+        timeout = aiohttp.ClientTimeout(total=self.config.engine_health_timeout_seconds)
         try:
             async with self.session.get(self.config.engine_url + "/health",
-                                        timeout=aiohttp.ClientTimeout(total=2)) as response:
-                await response.read()
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
+                                        timeout=timeout) as response:
+                body = await response.read()
+                return response.status, body[:200].decode("utf-8", "replace")
+        except TimeoutError:
+            return None, (f"no answer within {self.config.engine_health_timeout_seconds:g} s")
+        except aiohttp.ClientError as exc:
+            return None, str(exc) or type(exc).__name__
+
+    async def _engine_healthy(self) -> bool:
+        status, _ = await self._engine_health()
+        return status == 200
 
     # --- plain endpoints -------------------------------------------------------------------
 
@@ -174,6 +183,20 @@ class Gateway:
         if not await self._engine_healthy():
             return web.json_response({"status": "engine not ready"}, status=503)
         return web.json_response({"status": "ok"})
+
+    async def enginez(self, _request: web.Request) -> web.Response:
+        """The engine's /health as seen from inside the pod, for the engine container's probes.
+
+        The engine listens on loopback only, so the kubelet cannot reach it: its startup and
+        liveness probes come here instead. 200 exactly when the engine's /health is 200;
+        503 otherwise (loading, refusing connections, or slower than the health timeout),
+        with the engine's answer in the body. Never authenticated, never counted.
+        """
+        status, detail = await self._engine_health()
+        if status == 200:
+            return web.json_response({"status": "ok"})
+        return web.json_response({"status": "engine not healthy", "engine_status": status,
+                                  "detail": detail}, status=503)
 
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
         self._ready_gauge.set(1 if self.warmed else 0)

@@ -19,7 +19,9 @@ from glm_operator.planning.planner import Plan
 
 LLAMA_SERVER = "llama-server"
 VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
-ENGINE_HOST = "0.0.0.0"  # kubelet probes reach the engine on the pod IP (see pod.py)
+# Loopback only: the gateway in the same pod is the engine's one client, so no other pod can
+# skip its API keys and rate limits. The kubelet probes the gateway's /enginez (see pod.py).
+ENGINE_HOST = "127.0.0.1"
 
 # vLLM's GLM-4.5+ tool-call and reasoning parsers (vLLM >= 0.10); older GLM-4 checkpoints
 # (architecture glm4, chatglm) use the generic chat template and get none.

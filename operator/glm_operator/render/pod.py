@@ -27,9 +27,12 @@ MODEL_MOUNT = "/models"
 API_KEYS_MOUNT = "/etc/glm-operator/api-keys"
 ENGINE_CONTAINER = "engine"
 GATEWAY_CONTAINER = "gateway"
-ENGINE_PORT_NAME = "engine"
 GATEWAY_PORT_NAME = "http"
-ENGINE_HEALTH_PATH = "/health"  # llama-server and vLLM: 503 while loading, 200 once loaded
+# The engine listens on 127.0.0.1 only (engine_args.ENGINE_HOST): nothing but the gateway in
+# the same pod may reach it, so API keys and rate limits cannot be bypassed. The kubelet
+# probes the pod IP, so the engine's probes ask the gateway, which relays the engine's own
+# /health (llama-server and vLLM: 503 while loading, 200 once loaded).
+ENGINE_HEALTH_PATH = "/enginez"
 TMP_SIZE = {"llamacpp": 1 * mem.GiB, "vllm": 20 * mem.GiB}  # vLLM: torch.compile/triton caches
 GATEWAY_TMP_SIZE = 64 * mem.MiB
 TERMINATION_GRACE_SECONDS = 30  # the gateway drains within 25 s (gateway/cli.py)
@@ -145,7 +148,8 @@ def container_security_context(config: OperatorConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------- probes
 
 
-def _http_probe(path: str, port: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+def _http_probe(path: str, port: str | int, period: int, failures: int, timeout: int
+                ) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
@@ -168,17 +172,24 @@ def startup_seconds(ctx: PoolContext) -> int:
 
 
 def engine_probes(ctx: PoolContext) -> dict[str, dict[str, Any]]:
+    """Startup and liveness of the engine, through the gateway's /enginez.
+
+    The port is the gateway's number, not its name: the kubelet resolves a named probe port
+    among the probed container's own ports, and the engine container declares none. There
+    is no engine readinessProbe: the gateway's /readyz (engine healthy and warmed up) is
+    the pod's readiness.
+    """
     tuning = ctx.config.probes
     period = tuning.startup_period_seconds
+    port = ctx.config.gateway_port
     return {
         # /health answers 503 until the weights are loaded; liveness waits for this.
-        "startupProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME, period,
+        "startupProbe": _http_probe(ENGINE_HEALTH_PATH, port, period,
                                     math.ceil(startup_seconds(ctx) / period),
                                     tuning.timeout_seconds),
-        "readinessProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME,
-                                      tuning.readiness_period_seconds, 3, tuning.timeout_seconds),
         # Generous: a busy engine answers /health late; restarting it reloads the whole model.
-        "livenessProbe": _http_probe(ENGINE_HEALTH_PATH, ENGINE_PORT_NAME,
+        # It also rides out a gateway restart (seconds) without restarting the engine.
+        "livenessProbe": _http_probe(ENGINE_HEALTH_PATH, port,
                                      tuning.liveness_period_seconds,
                                      tuning.liveness_failure_threshold, tuning.timeout_seconds),
     }
@@ -268,8 +279,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         "image": engine_image(ctx),
         "command": argv[:split],
         "args": argv[split:],
-        "ports": [{"name": ENGINE_PORT_NAME, "containerPort": config.engine_port,
-                   "protocol": "TCP"}],
+        # No `ports`: the engine is reachable on loopback only, never through a Service.
         "env": _env_list(_VLLM_ENV if ctx.engine == "vllm" else _LLAMACPP_ENV, user_env),
         "resources": engine_resources(ctx),
         "volumeMounts": mounts,
