@@ -250,14 +250,19 @@ class ModelVersionSpec(SpecModel):
         pattern=r"^[a-z0-9][a-z0-9_.-]*$",
         description=(
             "Expected architecture (glm4, glm4moe, chatglm, glm-dsa, llama, ...). The fetch "
-            "Job compares it with the GGUF header and sets Verified=False on a mismatch."
+            "Job compares it with the GGUF header (safetensors: config.json's architectures "
+            "and model_type) and sets Verified=False on a mismatch."
         ),
     )
     sha256: str | None = Field(
         default=None,
         pattern=SHA256_PATTERN,
         max_length=64,
-        description="Expected SHA-256 (lowercase hex) of the file; verified after download.",
+        description=(
+            "Expected SHA-256 (lowercase hex) of the file; verified after download. For a "
+            "folder source (hf://org/repo, s3://bucket/prefix/) the snapshot digest: the "
+            "SHA-256 of the `sha256sum` lines of its files sorted by path (docs/fetch.md)."
+        ),
     )
     cache: ModelCache = Field(
         default_factory=ModelCache, description="The PVC the artifact is cached in."
@@ -293,9 +298,13 @@ class ModelVersionStatus(StatusModel):
         },
     )
     size_bytes: Int64 | None = Field(default=None, ge=0, description="Measured size in bytes.")
-    sha256: str | None = Field(default=None, max_length=64, description="Measured SHA-256.")
+    sha256: str | None = Field(
+        default=None, max_length=64,
+        description="Measured SHA-256 (of the file, or the snapshot digest of a folder).",
+    )
     facts: ModelFacts | None = Field(
-        default=None, description="Facts measured from the GGUF header."
+        default=None,
+        description="Facts measured from the GGUF header (safetensors: config.json).",
     )
     cache: CacheStatus | None = Field(default=None, description="Where the artifact is cached.")
 
