@@ -234,3 +234,24 @@ def test_snapshot_status_feeds_the_planner_trunk_layers() -> None:
     # blockCount carries (GGUF convention) is subtracted again by the planner.
     assert facts.block_count == 46 and facts.nextn_predict_layers == 1
     assert facts.head_dim_k == 128 and facts.expert_count == 128
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*/modelversion.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.parent.name)
+def test_fetch_writes_where_the_engine_reads(path: Path) -> None:
+    """The folder (or file) the fetch Job writes under /cache is the path the engine pod
+    gets under /models (render/pod.py model_relative_path), for every example."""
+    import yaml
+    from glm_operator.fetch.sources import parse_source
+    from glm_operator.render.pod import model_relative_path
+
+    mv = ModelVersion.model_validate(yaml.safe_load(path.read_text()))
+    uri = mv.spec.source.uri
+    if is_directory_uri(uri):
+        assert mv.spec.format == "safetensors"
+        written = parse_directory_source(uri, SourceSettings()).dirname
+    else:
+        written = parse_source(uri, SourceSettings()).filename
+    assert written == model_relative_path(mv)
