@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -246,6 +247,54 @@ def test_rate_limit_per_key(engine: LlamaServer, keys_dir: Path, tmp_path: Path)
         # another key has its own bucket
         client_for(gw, "sk-other").chat.completions.create(model=SERVICE, messages=messages(),
                                                            max_tokens=1)
+
+
+def test_token_rate_limit_per_key(engine: LlamaServer, keys_dir: Path, tmp_path: Path) -> None:
+    """--rate-limit-tokens-per-minute charges each key what llama-server reports it used
+    (usage, or the stream's timings) and refuses the key while it is in deficit, with a
+    Retry-After that pays the deficit back; the refused request never reaches the engine."""
+    body = {"model": SERVICE, "messages": messages(), "max_tokens": 16, "ignore_eos": True,
+            "temperature": 0}
+    status, direct = http_json(engine.url + "/v1/chat/completions", body)
+    assert status == 200, direct
+    cost = direct["usage"]["prompt_tokens"] + direct["usage"]["completion_tokens"]
+    assert direct["usage"]["completion_tokens"] == 16
+    per_minute = cost + cost // 2  # room for one request and a half
+    (keys_dir / "other").write_text("sk-other")
+    with GatewayProcess.start(engine.url, tmp_path, [
+            "--api-keys", str(keys_dir), "--rate-limit-tokens-per-minute", str(per_minute)],
+            ) as gw:
+        client = client_for(gw)
+        started = time.monotonic()
+        first = _ask_16_tokens(client)
+        assert first.usage is not None
+        assert first.usage.prompt_tokens + first.usage.completion_tokens == cost
+        # Admitted on the half request left; streamed, so charged from llama.cpp's timings.
+        with client.chat.completions.create(
+                model=SERVICE, messages=messages(), max_tokens=16, temperature=0,
+                extra_body={"ignore_eos": True}, stream=True) as stream:
+            assert sum(1 for _ in stream) > 1
+        predicted = _tokens_predicted(engine)
+        with pytest.raises(openai.RateLimitError) as limited:
+            _ask_16_tokens(client)
+        elapsed = time.monotonic() - started
+        assert _tokens_predicted(engine) == predicted  # never reached the engine
+        assert limited.value.body["type"] == "tokens"  # type: ignore[index]
+        # Balance: per_minute - 2 * cost (+ what refilled meanwhile) = about -cost/2.
+        rate = per_minute / 60
+        deficit = 2 * cost - per_minute
+        retry_after = int(limited.value.response.headers["retry-after"])
+        print(f"cost {cost} tokens/request, budget {per_minute}/min, Retry-After {retry_after}")
+        assert (1 + deficit - elapsed * rate) / rate - 1 <= retry_after \
+            <= (1 + deficit) / rate + 1, (retry_after, deficit, rate, elapsed)
+        # Another key has its own budget.
+        assert _ask_16_tokens(client_for(gw, "sk-other")).usage is not None
+
+
+def _ask_16_tokens(client: openai.OpenAI) -> Any:
+    return client.chat.completions.create(
+        model=SERVICE, messages=messages(), max_tokens=16, temperature=0,
+        extra_body={"ignore_eos": True})
 
 
 def _tokens_predicted(engine: LlamaServer) -> float:

@@ -9,7 +9,8 @@ import pytest
 from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.keys import ApiKeyStore, key_id
-from glm_operator.gateway.ratelimit import RateLimiter
+from glm_operator.gateway.ratelimit import IDLE_EVICT_SECONDS, RateLimiter, TokenBudget
+from glm_operator.gateway.server import CLIENT_CLOSED, tokens_to_charge
 from glm_operator.gateway.usage import context_overflow, token_counts
 
 
@@ -108,6 +109,57 @@ def test_slow_rate_retry_after() -> None:
     assert limiter.acquire("k") == 10
 
 
+def test_token_budget_admits_on_a_positive_balance_and_charges_usage() -> None:
+    clock = Clock()
+    budget = TokenBudget(tokens_per_minute=600, clock=clock)  # 10 tokens/s, 600 at most
+    assert budget.admit("a") == 0
+    budget.charge("a", 550)
+    assert budget.admit("a") == 0  # 50 left: still positive
+    budget.charge("a", 250)  # the answer was bigger than what was left: 200 in deficit
+    assert budget.balance("a") == -200
+    assert budget.admit("a") == 21  # (1 - -200) tokens at 10/s, rounded up
+    assert budget.admit("b") == 0  # per key
+    clock.now += 20
+    assert budget.admit("a") == 1  # balance 0: not positive yet
+    clock.now += 0.2  # balance 2: positive
+    assert budget.admit("a") == 0
+    clock.now += 3600
+    assert budget.balance("a") == 600  # refills to one minute's worth, no more
+    with pytest.raises(ValueError, match="positive"):
+        TokenBudget(0)
+
+
+def test_token_budget_never_forgets_a_deficit() -> None:
+    clock = Clock()
+    budget = TokenBudget(tokens_per_minute=60, clock=clock)  # 1 token/s
+    budget.charge("deep", 5000)  # ~83 minutes of debt
+    budget.charge("small", 10)
+    clock.now += IDLE_EVICT_SECONDS + 1
+    budget.charge("other", 1)  # triggers the sweep
+    assert budget.balance("small") == 60
+    assert budget.balance("deep") == 60 - 5000 + IDLE_EVICT_SECONDS + 1
+    assert budget.admit("deep") > 3000
+
+
+def test_tokens_charged_per_request() -> None:
+    def record(**kw: object) -> AuditRecord:
+        return AuditRecord(request_id="r", endpoint="chat", **kw)  # type: ignore[arg-type]
+
+    assert tokens_to_charge(record(status=200, prompt_tokens=12, completion_tokens=5,
+                                   request_bytes=400)) == 17
+    # The client went away: an estimate, never zero once the engine had the request.
+    assert tokens_to_charge(record(status=CLIENT_CLOSED, stream=True, request_bytes=400,
+                                   streamed_events=7)) == 100 + 7
+    assert tokens_to_charge(record(status=CLIENT_CLOSED, request_bytes=400,
+                                   max_tokens=4000)) == 100 + 4000
+    assert tokens_to_charge(record(status=200, stream=True, request_bytes=40,
+                                   streamed_events=3)) == 13  # vLLM streams carry no usage
+    # Refused before or by the engine: free.
+    assert tokens_to_charge(record(status=429)) == 0
+    assert tokens_to_charge(record(status=400, request_bytes=400)) == 0
+    assert tokens_to_charge(record(status=CLIENT_CLOSED)) == 0  # left before sending a body
+
+
 def test_token_counts_from_usage_and_timings() -> None:
     body = json.dumps({"choices": [{"message": {"content": '"usage":{"prompt_tokens":999}'}}],
                        "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
@@ -156,6 +208,7 @@ def test_config_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLM_GATEWAY_SERVICE_NAME", "glm")
     monkeypatch.setenv("GLM_GATEWAY_STOP", "<|user|>\n<|observation|>")
     monkeypatch.setenv("GLM_GATEWAY_RATE_LIMIT_RPS", "5")
+    monkeypatch.setenv("GLM_GATEWAY_RATE_LIMIT_TOKENS_PER_MINUTE", "90000")
     parser = argparse.ArgumentParser()
     gateway_config.add_arguments(parser)
     config = gateway_config.from_args(parser.parse_args([
@@ -166,6 +219,7 @@ def test_config_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.service_name == "glm"
     assert config.stop_sequences == ("<|user|>", "<|observation|>")
     assert config.rate_limit_rps == 5
+    assert config.rate_limit_tokens_per_minute == 90000
     assert config.long_context_url == "http://lc:8080"
     assert config.wake is not None and config.wake.deployment == "glm-v1-long"
     assert config.wake.api_server == "https://api:6443"

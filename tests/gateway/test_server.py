@@ -365,3 +365,37 @@ async def test_enginez_relays_the_engines_health(engine: tuple[FakeEngine, str],
         assert (await down.get("/healthz")).status == 200  # the gateway itself is fine
     finally:
         await down.close()
+
+
+async def test_tokens_per_minute_per_key(engine: tuple[FakeEngine, str], tmp_path: Path) -> None:
+    """The fake engine reports usage prompt = len(json(messages)), completion = 3: the budget
+    is charged that after each answer and refuses while the key is in deficit."""
+    fake, url = engine
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "a").write_text("key-a")
+    (keys / "b").write_text("key-b")
+    cost = len(json.dumps(CHAT["messages"])) + 3  # 35 + 3 tokens
+    client = await gateway_client(base_config(url, api_keys_path=keys,
+                                              rate_limit_tokens_per_minute=2 * cost - 1))
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    try:
+        for _ in range(2):  # the second is admitted on the 37 left, then takes the key below 0
+            assert (await client.post("/v1/chat/completions", json=CHAT, headers=a)).status \
+                == 200
+        calls = len(fake.calls)
+        limited = await client.post("/v1/chat/completions", json=CHAT, headers=a)
+        assert limited.status == 429
+        assert len(fake.calls) == calls  # never reached the engine
+        error = (await limited.json())["error"]
+        assert (error["code"], error["type"]) == ("rate_limit_exceeded", "tokens")
+        assert f"({2 * cost - 1} prompt + completion tokens per minute;" in error["message"]
+        # About 1 token in deficit: (1 + 1) / (75 / 60 per s) = 1.6 s -> 2 s.
+        assert limited.headers["Retry-After"] == "2"
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=b)).status == 200
+        await asyncio.sleep(1.7)
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=a)).status == 200
+        metrics = await (await client.get("/metrics")).text()
+        assert 'code="429"' in metrics
+    finally:
+        await client.close()

@@ -173,7 +173,8 @@ GOLDEN_SPECS: dict[tuple[str, str], dict[str, Any]] = {
                         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 1800}}},
     },
     ("vllm", "ascend910b"): {
-        "gateway": {"rateLimit": {"requestsPerMinute": 120, "burst": 5},
+        "gateway": {"rateLimit": {"requestsPerMinute": 120, "burst": 5,
+                                  "tokensPerMinute": 100000},
                     "audit": {"includePrompts": True}},
     },
 }

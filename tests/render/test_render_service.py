@@ -355,10 +355,33 @@ def test_gateway_args_parse_with_the_gateways_own_parser() -> None:
     assert parsed.wake.namespace == "models"
     assert str(parsed.api_keys_path) == "/etc/glm-operator/api-keys"
     assert parsed.rate_limit_rps == 10.0 and parsed.rate_limit_burst == 100
+    assert parsed.rate_limit_tokens_per_minute == 0  # no tokensPerMinute in this spec
     assert parsed.audit == "stdout"
     lc_parsed = gateway_config.from_args(
         parser.parse_args(container(lc, "gateway")["args"][1:]))
     assert lc_parsed.pool == "long-context" and lc_parsed.wake is None
+
+
+@pytest.mark.parametrize(("rate_limit", "expected"), [
+    ({"requestsPerMinute": 120, "burst": 5, "tokensPerMinute": 100000},
+     (2.0, 5, 100000)),
+    ({"tokensPerMinute": 30000}, (0.0, 0, 30000)),  # tokens only: no request bucket
+    ({"requestsPerMinute": 600}, (10.0, 100, 0)),
+])
+def test_rate_limits_reach_the_gateway(rate_limit: dict[str, int],
+                                       expected: tuple[float, int, int]) -> None:
+    import argparse
+
+    from glm_operator.gateway import config as gateway_config
+
+    svc = service("llamacpp", "a10", gateway={"rateLimit": rate_limit})
+    deployment = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")[0]
+    parser = argparse.ArgumentParser()
+    gateway_config.add_arguments(parser)
+    parsed = gateway_config.from_args(
+        parser.parse_args(container(deployment, "gateway")["args"][1:]))
+    assert (parsed.rate_limit_rps, parsed.rate_limit_burst,
+            parsed.rate_limit_tokens_per_minute) == expected
 
 
 def test_long_names_stay_within_63_characters() -> None:

@@ -30,6 +30,10 @@ class AuditRecord:
     prompt: Any = None
     completion: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Not audited: what the token budget charges when the engine's counts never arrived.
+    request_bytes: int = 0
+    max_tokens: int | None = None
+    streamed_events: int = 0
 
 
 class AuditLog:

@@ -44,6 +44,7 @@ class GatewayConfig:
     api_keys_path: Path | None = None
     rate_limit_rps: float = 0.0  # per key; 0 disables
     rate_limit_burst: int = 0  # 0: max(1, ceil(rps))
+    rate_limit_tokens_per_minute: int = 0  # per key, prompt + completion; 0 disables
     max_body_bytes: int = 4 * 1024 * 1024
     stop_sequences: tuple[str, ...] = ()
     audit: str = "off"  # off | stdout | a file path
@@ -137,6 +138,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests per second per key, 0 = unlimited [GLM_GATEWAY_RATE_LIMIT_RPS]")
     add("--rate-limit-burst", type=int, default=int(_env("RATE_LIMIT_BURST", "0")),
         help="token bucket size per key; 0 = max(1, ceil(rps)) [GLM_GATEWAY_RATE_LIMIT_BURST]")
+    add("--rate-limit-tokens-per-minute", type=int,
+        default=int(_env("RATE_LIMIT_TOKENS_PER_MINUTE", "0")),
+        help="prompt + completion tokens per minute per key, charged from each answer's usage; "
+             "0 = unlimited [GLM_GATEWAY_RATE_LIMIT_TOKENS_PER_MINUTE]")
     add("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(4 * 1024 * 1024))),
         help="request body limit, 413 above it [GLM_GATEWAY_MAX_BODY_BYTES]")
     add("--stop", action="append", default=None,
@@ -188,6 +193,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         api_keys_path=args.api_keys,
         rate_limit_rps=args.rate_limit_rps,
         rate_limit_burst=args.rate_limit_burst,
+        rate_limit_tokens_per_minute=args.rate_limit_tokens_per_minute,
         max_body_bytes=args.max_body_bytes,
         stop_sequences=tuple(stops),
         audit=args.audit,

@@ -52,6 +52,17 @@ def rate_limited(retry_after: int, limit_rps: float) -> GatewayError:
     )
 
 
+def tokens_rate_limited(retry_after: int, tokens_per_minute: int, balance: float
+                        ) -> GatewayError:
+    return GatewayError(
+        429,
+        f"Token rate limit reached for this API key ({tokens_per_minute} prompt + completion "
+        f"tokens per minute; {max(0, -round(balance))} tokens over); "
+        f"retry after {retry_after} s.",
+        "tokens", None, "rate_limit_exceeded", retry_after,
+    )
+
+
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413, f"Request body is larger than the limit of {limit} bytes.",

@@ -1,4 +1,11 @@
-"""Per-key token buckets: `rate` requests per second on average, `burst` at once."""
+"""Per-key token buckets.
+
+`RateLimiter`: requests, `rate` per second on average, `burst` at once.
+`TokenBudget`: model tokens (prompt + completion), `tokens_per_minute` refill, one minute's
+worth at most. What a request costs is known only once it is answered, so admission needs
+just a positive balance and the actual usage is charged afterwards: a big answer can drive
+the balance below zero, and the key then waits until the deficit is paid back.
+"""
 
 from __future__ import annotations
 
@@ -40,4 +47,52 @@ class RateLimiter:
         self._last_sweep = now
         stale = [k for k, (_, at) in self._buckets.items() if now - at > IDLE_EVICT_SECONDS]
         for key in stale:
+            del self._buckets[key]
+
+
+class TokenBudget:
+    """Model tokens per key: admit on a positive balance, charge the real usage afterwards."""
+
+    def __init__(self, tokens_per_minute: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if tokens_per_minute <= 0:
+            raise ValueError("tokens_per_minute must be positive; use no budget for unlimited")
+        self.tokens_per_minute = tokens_per_minute
+        self.rate = tokens_per_minute / 60.0  # refill per second
+        self.capacity = float(tokens_per_minute)
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (balance, updated_at)
+        self._last_sweep = clock()
+
+    def _balance(self, key: str, now: float) -> float:
+        balance, updated = self._buckets.get(key, (self.capacity, now))
+        return min(self.capacity, balance + (now - updated) * self.rate)
+
+    def balance(self, key: str) -> float:
+        return self._balance(key, self._clock())
+
+    def admit(self, key: str) -> int:
+        """0 when `key` may send a request now, else the seconds until its balance is back
+        to one token (>= 1): the deficit divided by the refill rate."""
+        now = self._clock()
+        balance = self._balance(key, now)
+        if balance >= 1.0:
+            return 0
+        return max(1, math.ceil((1.0 - balance) / self.rate))
+
+    def charge(self, key: str, tokens: int) -> None:
+        """Take what a request actually used; the balance may go below zero."""
+        if tokens <= 0:
+            return
+        now = self._clock()
+        self._buckets[key] = (self._balance(key, now) - tokens, now)
+        if now - self._last_sweep > IDLE_EVICT_SECONDS:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        # Forget only buckets that have refilled completely: forgetting one in deficit
+        # would forgive the debt.
+        self._last_sweep = now
+        full = [k for k in self._buckets if self._balance(k, now) >= self.capacity]
+        for key in full:
             del self._buckets[key]

@@ -28,7 +28,7 @@ from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.errors import GatewayError
 from glm_operator.gateway.keys import ApiKeyStore
 from glm_operator.gateway.metrics import GatewayMetrics
-from glm_operator.gateway.ratelimit import RateLimiter
+from glm_operator.gateway.ratelimit import RateLimiter, TokenBudget
 from glm_operator.gateway.usage import context_overflow, token_counts
 from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
 from glm_operator.gateway.wake import LongContextWaker, WakeError
@@ -56,6 +56,8 @@ class Gateway:
         self.keys = ApiKeyStore(config.api_keys_path) if config.api_keys_path else None
         self.limiter = (RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
                         if config.rate_limit_rps > 0 else None)
+        self.token_budget = (TokenBudget(config.rate_limit_tokens_per_minute)
+                             if config.rate_limit_tokens_per_minute > 0 else None)
         self.audit = AuditLog(config.audit, {"service": config.service_name,
                                              "model_version": config.model_version,
                                              "pool": config.pool}, config.audit_include_text)
@@ -275,6 +277,12 @@ class Gateway:
         try:
             try:
                 record.key_id = self._authenticate(request)
+                budget = self.token_budget
+                if budget is not None:  # before the request bucket: refusing here takes nothing
+                    wait = budget.admit(record.key_id)
+                    if wait:
+                        raise errors.tokens_rate_limited(wait, budget.tokens_per_minute,
+                                                         budget.balance(record.key_id))
                 if self.limiter is not None:
                     wait = self.limiter.acquire(record.key_id)
                     if wait:
@@ -282,6 +290,10 @@ class Gateway:
                 parsed = parse_request(await self._read_body(request), endpoint,
                                        self.config.stop_sequences)
                 record.stream = parsed.stream
+                record.request_bytes = len(parsed.body)
+                max_tokens = parsed.payload.get("max_tokens",
+                                                parsed.payload.get("max_completion_tokens"))
+                record.max_tokens = max_tokens if isinstance(max_tokens, int) else None
                 if self.audit.include_text:
                     record.prompt = parsed.payload.get("messages" if endpoint == "chat"
                                                        else "prompt")
@@ -298,6 +310,8 @@ class Gateway:
             self._in_flight.dec()
             elapsed = time.perf_counter() - started
             record.duration_ms = elapsed * 1000
+            if self.token_budget is not None:
+                self.token_budget.charge(record.key_id, tokens_to_charge(record))
             self._observe(record, elapsed)
 
     def _series(self, kind: str, endpoint: str, extra: str) -> Any:
@@ -440,6 +454,7 @@ class Gateway:
         await response.prepare(request)
         tail: deque[bytes] = deque(maxlen=STREAM_TAIL_CHUNKS)
         everything: list[bytes] | None = [] if self.audit.include_text else None
+        count_events = self.token_budget is not None  # the estimate if the client leaves
         first = True
         try:
             async for chunk in upstream.content.iter_any():
@@ -448,6 +463,8 @@ class Gateway:
                     first = False
                 await response.write(chunk)
                 tail.append(chunk)
+                if count_events:
+                    record.streamed_events += chunk.count(b"data: ")
                 if everything is not None:
                     everything.append(chunk)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -468,6 +485,27 @@ class Gateway:
             record.completion = _stream_text(b"".join(everything))
         await response.write_eof()
         return response
+
+
+# A prompt's tokens when the engine never said: about four bytes of JSON per token.
+BYTES_PER_TOKEN_ESTIMATE = 4
+
+
+def tokens_to_charge(record: AuditRecord) -> int:
+    """What one request cost the token budget: the engine's usage (prompt + completion) when
+    the answer carried it. A client that went away gets no usage back, yet the engine worked:
+    it is charged an estimate, the request's size for the prompt plus the chunks streamed so
+    far, or, not streaming, its max_tokens (llama-server finishes such a request anyway).
+    Refused requests (4xx/5xx, never reached the engine or answered with an error) cost
+    nothing."""
+    if record.prompt_tokens is not None or record.completion_tokens is not None:
+        return (record.prompt_tokens or 0) + (record.completion_tokens or 0)
+    if record.status not in (200, CLIENT_CLOSED) or not record.request_bytes:
+        return 0
+    prompt = record.request_bytes // BYTES_PER_TOKEN_ESTIMATE
+    if record.stream:
+        return prompt + record.streamed_events
+    return prompt + (record.max_tokens or 0)
 
 
 def _completion_text(body: bytes) -> str | None:

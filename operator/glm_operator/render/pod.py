@@ -290,13 +290,19 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
 
 
 def rate_limit_args(service: GLMService) -> list[str]:
-    """requestsPerMinute -> the gateway's per-second bucket; burst defaults to 10 s worth."""
+    """requestsPerMinute -> the gateway's per-second bucket (burst defaults to 10 s worth);
+    tokensPerMinute -> its per-key token budget (prompt + completion, charged from usage)."""
     limit = service.spec.gateway.rate_limit
-    if limit is None or limit.requests_per_minute is None:
+    if limit is None:
         return []
-    rps = limit.requests_per_minute / 60
-    burst = limit.burst or max(1, limit.requests_per_minute // 6)
-    return ["--rate-limit-rps", f"{rps:.6g}", "--rate-limit-burst", str(burst)]
+    args: list[str] = []
+    if limit.requests_per_minute is not None:
+        rps = limit.requests_per_minute / 60
+        burst = limit.burst or max(1, limit.requests_per_minute // 6)
+        args += ["--rate-limit-rps", f"{rps:.6g}", "--rate-limit-burst", str(burst)]
+    if limit.tokens_per_minute is not None:
+        args += ["--rate-limit-tokens-per-minute", str(limit.tokens_per_minute)]
+    return args
 
 
 def engine_context_and_slots(plan: Plan) -> tuple[int, int]:
