@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"floor: {n} services' children created directly, all pods ready in {floor:.1f}s",
           flush=True)
 
+    from glm_operator.kube.client import KubeClient
+
+    client = KubeClient.from_environment(str(kubectl.kubeconfig))
     operator = OperatorProcess(kubectl, namespaces=("bench-op-*",))
     try:
         wait_for(operator.alive, timeout=60, what="operator liveness")
@@ -158,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                  what="fetch Job")
         report_fetched(kubectl, namespace, mv["metadata"]["name"])
         started = time.monotonic()
-        kubectl.apply(services(n), namespace=namespace)
+        for svc in services(n):  # the same plain client loop as the floor's
+            svc["metadata"]["namespace"] = namespace
+            client.apply(svc, field_manager="bench")
         wait_for(lambda: ready_count(kubectl, namespace) >= n, timeout=1800, interval=1,
                  what=f"{n} GLMServices Ready")
         elapsed = time.monotonic() - started
