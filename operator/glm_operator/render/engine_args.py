@@ -16,17 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from glm_operator.planning.planner import Plan
+from glm_operator.render.model_family import uses_vllm_glm45_parsers
 
 LLAMA_SERVER = "llama-server"
 VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
 # Loopback only: the gateway in the same pod is the engine's one client, so no other pod can
 # skip its API keys and rate limits. The kubelet probes the gateway's /enginez (see pod.py).
 ENGINE_HOST = "127.0.0.1"
-
-# vLLM's GLM-4.5+ tool-call and reasoning parsers (vLLM >= 0.10); older GLM-4 checkpoints
-# (architecture glm4, chatglm) use the generic chat template and get none.
-_VLLM_GLM_PARSER_ARCHITECTURES = frozenset({"glm4moe", "glm4_moe", "glm-dsa", "glm4v_moe"})
-VLLM_GLM_PARSER = "glm45"
+VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
 
 
 class EngineArgsError(ValueError):
@@ -102,7 +99,7 @@ def vllm_argv(
         "--kv-cache-dtype", settings.kv_cache_dtype,
         "--dtype", settings.dtype,
     ]  # fmt: skip
-    if plan.request.facts.architecture.lower() in _VLLM_GLM_PARSER_ARCHITECTURES:
+    if uses_vllm_glm45_parsers(plan.request.facts.architecture):
         argv += ["--enable-auto-tool-choice",
                  "--tool-call-parser", VLLM_GLM_PARSER,
                  "--reasoning-parser", VLLM_GLM_PARSER]

@@ -20,6 +20,7 @@ from glm_operator.config import OperatorConfig
 from glm_operator.planning import memory as mem
 from glm_operator.planning.planner import Plan
 from glm_operator.render.engine_args import engine_argv
+from glm_operator.render.model_family import stop_sequences
 from glm_operator.render.names import dns_name
 from glm_operator.render.quantity import cpu_quantity, memory_quantity
 
@@ -337,6 +338,8 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
         # A directory mount (no subPath): the kubelet updates it when keys rotate.
         mounts.append({"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True})
     args += rate_limit_args(ctx.service)
+    for stop in stop_sequences(ctx.plan.request.facts.architecture):
+        args += ["--stop", stop]
     args += ["--audit", "stdout" if gw.audit.enabled else "off"]
     if gw.audit.enabled and gw.audit.include_prompts:
         args.append("--audit-include-text")
