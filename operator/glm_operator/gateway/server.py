@@ -98,7 +98,10 @@ class Gateway:
     async def _start(self, _app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_seconds,
                                         sock_read=self.config.read_timeout_seconds)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        # llama-server (cpp-httplib) drops a keep-alive connection after 5 s idle; forget
+        # ours before that, or the next request writes into a socket the engine has closed.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEPALIVE_SECONDS,
+                                         enable_cleanup_closed=True)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False,
             skip_auto_headers=("User-Agent",),
@@ -403,7 +406,7 @@ class Gateway:
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]
                     ) -> aiohttp.ClientResponse:
-        for attempt in (1, 2):
+        for attempt in range(1, STALE_RETRIES + 2):
             try:
                 return await self.session.post(url, data=body, headers=headers)
             except aiohttp.SocketTimeoutError:
@@ -412,7 +415,8 @@ class Gateway:
                 # A pooled keep-alive connection the engine had already closed: the request
                 # never reached it, so sending it once more on a fresh connection is safe.
                 # A refused connection (ClientConnectorError) is not retried: fast 503.
-                if attempt == 1 and not isinstance(exc, aiohttp.ClientConnectorError):
+                if attempt <= STALE_RETRIES and not isinstance(exc,
+                                                                aiohttp.ClientConnectorError):
                     continue
                 raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -480,12 +484,19 @@ class Gateway:
             record.error_code = "engine_stream_broken"
             upstream.close()
             return response
+        # llama-server closes its side of a keep-alive connection after a streamed answer;
+        # back in the pool, the socket would fail the next request that picks it up.
+        upstream.close()
         record.prompt_tokens, record.completion_tokens = token_counts(b"".join(tail))
         if everything is not None:
             record.completion = _stream_text(b"".join(everything))
         await response.write_eof()
         return response
 
+
+ENGINE_KEEPALIVE_SECONDS = 4.0
+# Several pooled connections can have gone stale at once (after a burst of streams).
+STALE_RETRIES = 3
 
 # A prompt's tokens when the engine never said: about four bytes of JSON per token.
 BYTES_PER_TOKEN_ESTIMATE = 4
