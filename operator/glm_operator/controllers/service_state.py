@@ -39,6 +39,7 @@ from glm_operator.render.service import (
     plan_summary,
     render_service,
     service_name_for,
+    service_url,
 )
 
 Obj = dict[str, Any]
@@ -287,5 +288,5 @@ def decide_service(
 
 
 def _endpoint(service: GLMService, config: OperatorConfig, pool: str) -> str:
-    name = service_name_for(service, pool)
-    return f"http://{name}.{service.metadata.namespace}.svc:{config.gateway_port}/v1"
+    return service_url(service_name_for(service, pool), service.metadata.namespace or "",
+                       config) + "/v1"
