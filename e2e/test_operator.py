@@ -51,14 +51,21 @@ def deploy_model(kubectl: Kubectl, ns: str, mv: dict[str, Any], wait_for: Wait) 
     return name
 
 
+def wait_condition(kubectl: Kubectl, ns: str, name: str, type_: str, status: str,
+                   wait_for: Wait, timeout: float = 60) -> dict[str, Any]:
+    """Wait until the GLMService's condition `type_` has `status`; return the condition."""
+    def reached() -> dict[str, Any] | None:
+        cond = condition(glms(kubectl, ns, name), type_)
+        return cond if cond and cond["status"] == status else None
+    result: dict[str, Any] = wait_for(reached, timeout=timeout,
+                                      what=f"GLMService {name} {type_}={status}")
+    return result
+
+
 def wait_ready(kubectl: Kubectl, ns: str, name: str, wait_for: Wait,
                timeout: float = 120) -> dict[str, Any]:
-    def ready() -> dict[str, Any] | None:
-        obj = glms(kubectl, ns, name)
-        cond = condition(obj, "Ready")
-        return obj if cond and cond["status"] == "True" else None
-    result: dict[str, Any] = wait_for(ready, timeout=timeout, what=f"GLMService {name} Ready")
-    return result
+    wait_condition(kubectl, ns, name, "Ready", "True", wait_for, timeout)
+    return glms(kubectl, ns, name)
 
 
 def service_pods(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
@@ -186,10 +193,7 @@ def test_missing_model_version_is_a_condition_then_proceeds(
     kubectl.apply(CPU_SVC, namespace=namespace)
     name = CPU_SVC["metadata"]["name"]
 
-    def model_not_ready() -> dict[str, Any] | None:
-        cond = condition(glms(kubectl, namespace, name), "ModelReady")
-        return cond if cond and cond["status"] == "False" else None
-    cond = wait_for(model_not_ready, timeout=60, what="ModelReady=False")
+    cond = wait_condition(kubectl, namespace, name, "ModelReady", "False", wait_for)
     assert cond["reason"] == "ModelVersionNotFound"
     assert CPU_MV["metadata"]["name"] in cond["message"]
     assert not kubectl.items("deployments", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
@@ -229,10 +233,7 @@ def test_infeasible_plan_is_a_condition_with_numbers_and_no_pods(
     kubectl.apply(huge, namespace=namespace)
     name = huge["metadata"]["name"]
 
-    def planned_false() -> dict[str, Any] | None:
-        cond = condition(glms(kubectl, namespace, name), "Planned")
-        return cond if cond and cond["status"] == "False" else None
-    cond = wait_for(planned_false, timeout=60, what="Planned=False")
+    cond = wait_condition(kubectl, namespace, name, "Planned", "False", wait_for)
     assert cond["reason"] == "Infeasible"
     assert "GiB" in cond["message"] and "nvidia-a10" in cond["message"]
     assert "fits" in cond["message"]  # names the nearest configurations that fit
