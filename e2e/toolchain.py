@@ -286,8 +286,6 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "minio": build_minio,
 }
 
-# What the control plane needs; llama-server is built by the data-plane tests' own fixture.
-CONTROL_PLANE = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd"]
 
 
 def ensure(name: str) -> Path:

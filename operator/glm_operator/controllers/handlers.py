@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -325,8 +324,3 @@ def fetch_job_event(**kw: Any) -> None:
     if owner and kw["type"] is not None:
         reconcile_model_version(kw["namespace"], owner, kw)
 
-
-def wait_for_runtime(timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _runtime is None and time.monotonic() < deadline:
-        time.sleep(0.1)

@@ -157,17 +157,6 @@ class KubeClient:
             content_type="application/apply-patch+yaml",
         )
 
-    def apply_status(self, obj: Mapping[str, Any], field_manager: str = FIELD_MANAGER) -> Obj:
-        """Server-side apply to the status subresource (obj: apiVersion, kind, metadata, status)."""
-        resource = kind_for(dict(obj))
-        meta = obj["metadata"]
-        path = resource.path(meta.get("namespace"), meta["name"], "status")
-        return self._call(
-            "apply", resource, path, body=dict(obj),
-            query=[("fieldManager", field_manager), ("force", "true")],
-            content_type="application/apply-patch+yaml",
-        )
-
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
                      status: Mapping[str, Any]) -> Obj:
         """JSON merge patch of `.status` through the status subresource."""

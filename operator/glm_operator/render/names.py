@@ -50,7 +50,3 @@ def pool_selector(service: str, version: str, pool: str) -> dict[str, str]:
     return {SERVICE_LABEL: label_value(service), VERSION_LABEL: label_value(version),
             POOL_LABEL: pool}
 
-
-def owned_selector(service: str) -> str:
-    """Label selector (string form) for every child of one GLMService."""
-    return f"{SERVICE_LABEL}={label_value(service)},app.kubernetes.io/managed-by={MANAGED_BY}"
