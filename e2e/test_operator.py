@@ -68,6 +68,15 @@ def wait_ready(kubectl: Kubectl, ns: str, name: str, wait_for: Wait,
     return glms(kubectl, ns, name)
 
 
+def serve_cpu_example(kubectl: Kubectl, ns: str, wait_for: Wait) -> str:
+    """The CPU example fetched, applied and Ready; returns the GLMService name."""
+    deploy_model(kubectl, ns, CPU_MV, wait_for)
+    kubectl.apply(CPU_SVC, namespace=ns)
+    name: str = CPU_SVC["metadata"]["name"]
+    wait_ready(kubectl, ns, name, wait_for)
+    return name
+
+
 def service_pods(kubectl: Kubectl, ns: str, name: str) -> list[dict[str, Any]]:
     return kubectl.items("pods", "-n", ns, "-l", f"{SERVICE_LABEL}={name}")
 
@@ -128,10 +137,7 @@ def test_gpu_service_lands_on_a10_nodes_with_gpu_requests(
 
 def test_context_change_replaces_pods(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
-    deploy_model(kubectl, namespace, CPU_MV, wait_for)
-    kubectl.apply(CPU_SVC, namespace=namespace)
-    name = CPU_SVC["metadata"]["name"]
-    wait_ready(kubectl, namespace, name, wait_for)
+    name = serve_cpu_example(kubectl, namespace, wait_for)
     before = {p["metadata"]["name"] for p in service_pods(kubectl, namespace, name)}
 
     changed = copy.deepcopy(CPU_SVC)
@@ -150,10 +156,7 @@ def test_context_change_replaces_pods(
 
 def test_deleted_and_edited_children_are_restored(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
-    deploy_model(kubectl, namespace, CPU_MV, wait_for)
-    kubectl.apply(CPU_SVC, namespace=namespace)
-    name = CPU_SVC["metadata"]["name"]
-    wait_ready(kubectl, namespace, name, wait_for)
+    name = serve_cpu_example(kubectl, namespace, wait_for)
 
     services = kubectl.items("services", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
     assert services
@@ -174,10 +177,7 @@ def test_deleted_and_edited_children_are_restored(
 
 def test_deleting_the_service_garbage_collects_children(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
-    deploy_model(kubectl, namespace, CPU_MV, wait_for)
-    kubectl.apply(CPU_SVC, namespace=namespace)
-    name = CPU_SVC["metadata"]["name"]
-    wait_ready(kubectl, namespace, name, wait_for)
+    name = serve_cpu_example(kubectl, namespace, wait_for)
     kubectl("delete", "glmservice", name, "-n", namespace, "--wait=true")
 
     def gone() -> bool:

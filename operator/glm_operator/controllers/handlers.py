@@ -134,6 +134,19 @@ def _children(indexes: Mapping[str, Any], names: Iterable[str], key: Key) -> lis
     return [obj for name in names for obj in _lookup(indexes.get(name), key)]
 
 
+def _model_versions_of(body: Obj, index: kopf.Index[Key, Obj], namespace: str) -> dict[str, Obj]:
+    """The ModelVersions one service wants or serves, by key lookup: a reconcile stays O(1)
+    however many ModelVersions the cluster holds."""
+    names = {body.get("spec", {}).get("modelVersion"),
+             (body.get("status") or {}).get("stableModelVersion")}
+    found = {}
+    for name in names - {None}:
+        bodies = _lookup(index, (namespace, name))
+        if bodies:
+            found[name] = bodies[0]
+    return found
+
+
 def _namespace_objects(index: kopf.Index[Key, Obj], namespace: str) -> dict[str, Obj]:
     return {name: next(iter(store)) for (ns, name), store in index.items()
             if ns == namespace and store}
@@ -203,7 +216,7 @@ def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> 
         children = _children(indexes, SERVICE_CHILD_INDEXES, (namespace, name))
         try:
             decision = decide_service(
-                body, _namespace_objects(indexes["modelversions"], namespace), children,
+                body, _model_versions_of(body, indexes["modelversions"], namespace), children,
                 rt.config, rt.profiles, rt.capabilities())
             _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
