@@ -506,7 +506,7 @@ def tokens_to_charge(record: AuditRecord) -> int:
     """What one request cost the token budget: the engine's usage (prompt + completion) when
     the answer carried it. A client that went away gets no usage back, yet the engine worked:
     it is charged an estimate, the request's size for the prompt plus the chunks streamed so
-    far, or, not streaming, its max_tokens (llama-server finishes such a request anyway).
+    far, or, not streaming, its max_tokens (a busy llama-server finishes such a request).
     Refused requests (4xx/5xx, never reached the engine or answered with an error) cost
     nothing."""
     if record.prompt_tokens is not None or record.completion_tokens is not None:
