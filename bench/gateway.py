@@ -1,6 +1,7 @@
 """Gateway overhead: the same load direct to llama-server and through the gateway, side by side.
 
-    python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2] [--json out.json]
+    python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
+                            [--event-loops auto|uvloop,asyncio] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
 One llama-server (the pinned build, a tiny random-weight model, one slot per client) and one
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -50,12 +52,14 @@ class Sample:
 class Row:
     mode: str
     concurrency: int
+    event_loop: str
     direct_tps: float
     gateway_tps: float
     ratio: float
     direct_p50_ms: float
     gateway_p50_ms: float
     added_ms: float
+    gateway_cpu_ms_per_request: float  # the gateway process's user + system CPU
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
@@ -108,7 +112,10 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
 
 
 def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, rounds: int = 2,
-                  engine_threads: int = 1, work_dir: Path | None = None) -> dict[str, object]:
+                  engine_threads: int = 1, work_dir: Path | None = None,
+                  event_loops: tuple[str, ...] = ("auto",)) -> dict[str, object]:
+    """One gateway per event loop in `event_loops`, all in front of the same engine and
+    measured in the same rounds, so loops compare side by side too."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="glm-bench-gateway-"))
     binary = llama_server_binary()
     max_level = max(levels)
@@ -118,34 +125,44 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
     keys.mkdir(exist_ok=True)
     (keys / "bench").write_text("sk-bench")
     rows: list[Row] = []
-    with LlamaServer.start(
-        [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np", str(max_level),
-         "-t", str(engine_threads), "--metrics"], work,
-    ) as engine, GatewayProcess.start(
-        engine.url, work, ["--api-keys", str(keys), "--engine-slots", str(max_level)],
-        service_name="bench",
-    ) as gateway:
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(LlamaServer.start(
+            [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np",
+             str(max_level), "-t", str(engine_threads), "--metrics"], work))
+        gateways = {loop: stack.enter_context(GatewayProcess.start(
+            engine.url, work / loop, ["--api-keys", str(keys), "--engine-slots", str(max_level),
+                                      "--event-loop", loop], service_name="bench"))
+            for loop in event_loops}
         for mode, stream in (("non-streaming", False), ("streaming", True)):
             for level in levels:
                 requests = max(16, level * 4)
                 direct: list[Sample] = []
-                proxied: list[Sample] = []
+                proxied: dict[str, list[Sample]] = {loop: [] for loop in event_loops}
+                cpu = dict.fromkeys(event_loops, 0.0)
                 for _ in range(rounds):
                     direct.append(asyncio.run(
                         _load(engine.url, level, stream, tokens, requests, "none")))
-                    proxied.append(asyncio.run(
-                        _load(gateway.url, level, stream, tokens, requests, "sk-bench")))
+                    for loop, gateway in gateways.items():
+                        before = gateway.cpu_seconds()
+                        proxied[loop].append(asyncio.run(
+                            _load(gateway.url, level, stream, tokens, requests, "sk-bench")))
+                        cpu[loop] += gateway.cpu_seconds() - before
                 d_tps = statistics.mean(s.tokens_per_second for s in direct)
-                g_tps = statistics.mean(s.tokens_per_second for s in proxied)
                 d_p50 = statistics.median(s.p50_ms for s in direct)
-                g_p50 = statistics.median(s.p50_ms for s in proxied)
-                row = Row(mode, level, round(d_tps, 1), round(g_tps, 1), round(g_tps / d_tps, 3),
-                          round(d_p50, 2), round(g_p50, 2), round(g_p50 - d_p50, 2))
-                rows.append(row)
-                print(f"{mode:14} c={level:<3} direct {d_tps:8.1f} tok/s  gateway {g_tps:8.1f} "
-                      f"tok/s  ratio {row.ratio:.3f}  p50 {d_p50:7.2f} -> {g_p50:7.2f} ms "
-                      f"(+{row.added_ms:.2f})", flush=True)
-        rss_mib = _peak_rss_mib(gateway)
+                for loop, samples in proxied.items():
+                    g_tps = statistics.mean(s.tokens_per_second for s in samples)
+                    g_p50 = statistics.median(s.p50_ms for s in samples)
+                    # +1: each load's warm-up request
+                    cpu_ms = cpu[loop] * 1000 / (rounds * (requests + 1))
+                    row = Row(mode, level, loop, round(d_tps, 1), round(g_tps, 1),
+                              round(g_tps / d_tps, 3), round(d_p50, 2), round(g_p50, 2),
+                              round(g_p50 - d_p50, 2), round(cpu_ms, 2))
+                    rows.append(row)
+                    print(f"{mode:14} c={level:<3} {loop:8} direct {d_tps:8.1f} tok/s  gateway "
+                          f"{g_tps:8.1f} tok/s  ratio {row.ratio:.3f}  p50 {d_p50:7.2f} -> "
+                          f"{g_p50:7.2f} ms ({row.added_ms:+.2f})  gateway CPU "
+                          f"{cpu_ms:.2f} ms/request", flush=True)
+        rss_mib = max(_peak_rss_mib(gateway) for gateway in gateways.values())
     print(f"gateway peak RSS {rss_mib:.1f} MiB", flush=True)
     return {"tokens": tokens, "rounds": rounds, "engine_threads": engine_threads,
             "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
@@ -162,11 +179,11 @@ def misses(result: dict[str, object]) -> list[str]:
     """The targets a result misses, in words."""
     out = []
     for row in result["rows"]:  # type: ignore[attr-defined]
+        where = f"{row['mode']} c={row['concurrency']} ({row['event_loop']})"
         if row["ratio"] < TARGET_RATIO[row["mode"]]:
-            out.append(f"{row['mode']} c={row['concurrency']}: ratio {row['ratio']} < "
-                       f"{TARGET_RATIO[row['mode']]}")
+            out.append(f"{where}: ratio {row['ratio']} < {TARGET_RATIO[row['mode']]}")
         if row["concurrency"] == 1 and row["added_ms"] > TARGET_ADDED_MS:
-            out.append(f"{row['mode']} c=1: added {row['added_ms']} ms > {TARGET_ADDED_MS} ms")
+            out.append(f"{where}: added {row['added_ms']} ms > {TARGET_ADDED_MS} ms")
     rss = result["gateway_peak_rss_mib"]
     if rss >= TARGET_RSS_MIB:  # type: ignore[operator]
         out.append(f"gateway RSS {rss} MiB >= {TARGET_RSS_MIB} MiB")
@@ -189,10 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--event-loops", default="auto",
+                        help="comma-separated gateway event loops to compare (auto, uvloop, "
+                             "asyncio), one gateway each, measured in the same rounds")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
-                           args.rounds, args.engine_threads)
+                           args.rounds, args.engine_threads,
+                           event_loops=tuple(args.event_loops.split(",")))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)

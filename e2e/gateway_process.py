@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -66,6 +67,12 @@ class GatewayProcess:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used (from /proc/<pid>/stat)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def metrics_text(self) -> str:
         status, text = http_json(self.url + "/metrics")

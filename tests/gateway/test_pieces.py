@@ -226,3 +226,19 @@ def test_config_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="long-context"):
         gateway_config.from_args(parser.parse_args(
             ["--pool", "long-context", "--long-context-url", "http://x"]))
+
+
+def test_event_loop_choice() -> None:
+    import asyncio
+
+    import uvloop
+    from glm_operator.gateway.cli import new_event_loop
+
+    for choice, kind in (("auto", uvloop.Loop), ("uvloop", uvloop.Loop),
+                         ("asyncio", asyncio.BaseEventLoop)):
+        loop = new_event_loop(choice)
+        try:
+            assert isinstance(loop, kind), choice
+            assert choice == "asyncio" or not isinstance(loop, asyncio.BaseEventLoop)
+        finally:
+            loop.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 
 from aiohttp import web
 
@@ -11,11 +13,29 @@ from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.server import Gateway
 
 SHUTDOWN_TIMEOUT_SECONDS = 25.0  # below the pod's default 30 s grace period
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gateway_config.add_arguments(parser)
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
+    parser.add_argument(
+        "--event-loop", choices=EVENT_LOOPS,
+        default=os.environ.get("GLM_GATEWAY_EVENT_LOOP", "auto"),
+        help="auto = uvloop when installed (less CPU per streamed chunk, on the cores the "
+             "engine shares), else asyncio's [GLM_GATEWAY_EVENT_LOOP]")
+
+
+def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,14 +46,19 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         logging.getLogger(__name__).error("invalid configuration: %s", exc)
         return 2
+    try:
+        loop = new_event_loop(args.event_loop)
+    except ImportError:
+        logging.getLogger(__name__).error("--event-loop uvloop: uvloop is not installed")
+        return 2
     gateway = Gateway(config)
     logging.getLogger(__name__).info(
-        "gateway for %s (version %s, pool %s) on %s:%d -> %s",
+        "gateway for %s (version %s, pool %s) on %s:%d -> %s (event loop %s)",
         config.service_name, config.model_version or "-", config.pool, config.host, config.port,
-        config.engine_url,
+        config.engine_url, type(loop).__module__.split(".")[0],
     )
     web.run_app(
         gateway.app(), host=config.host, port=config.port, access_log=None, print=None,
-        handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS,
+        handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, loop=loop,
     )
     return 0
