@@ -242,3 +242,16 @@ def test_event_loop_choice() -> None:
             assert choice == "asyncio" or not isinstance(loop, asyncio.BaseEventLoop)
         finally:
             loop.close()
+
+
+def test_the_gateway_never_imports_the_kubernetes_client() -> None:
+    """The sidecar's memory budget (60 MiB) has no room for the official client: its one API
+    call (kube.scale) is plain HTTPS. A fresh interpreter shows what importing it pulls in."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, glm_operator.gateway.cli, glm_operator.gateway.server;"
+             "print(sorted(m for m in ('kubernetes', 'kopf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
