@@ -21,6 +21,7 @@ from glm_operator.api import GLMServiceStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
 from glm_operator.controllers.drift import object_holds_intent
+from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
 from glm_operator.controllers.service_state import decide_service
 from glm_operator.kube.client import KubeClient, KubeError
@@ -56,12 +57,7 @@ class Runtime:
     kube: KubeClient
     config: OperatorConfig
     profiles: Mapping[str, AcceleratorProfile]
-    locks: dict[Key, threading.Lock] = field(default_factory=dict)
-    locks_guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def lock(self, key: Key) -> threading.Lock:
-        with self.locks_guard:
-            return self.locks.setdefault(key, threading.Lock())
+    queue: KeyQueue = field(default_factory=KeyQueue)
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -204,11 +200,20 @@ def _emit(body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
 _latest_indexes: dict[str, Any] = {}
 
 
-def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
-    rt = runtime()
+def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any], *,
+                      coalesce: bool = False) -> None:
+    """Reconcile one GLMService; `coalesce` for events of its children and ModelVersions."""
     if not _latest_indexes and "glmservices" in indexes:
         _latest_indexes.update({k: v for k, v in indexes.items() if isinstance(v, kopf.Index)})
-    with rt.lock((namespace, name)), metrics.RECONCILE_SECONDS.labels("GLMService").time():
+    if not runtime().queue.run((namespace, name),
+                               lambda: _reconcile_service(namespace, name, indexes),
+                               coalesce=coalesce):
+        metrics.RECONCILES.labels("GLMService", "coalesced").inc()
+
+
+def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
+    rt = runtime()
+    with metrics.RECONCILE_SECONDS.labels("GLMService").time():
         bodies = _lookup(indexes["glmservices"], (namespace, name))
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
@@ -238,10 +243,18 @@ def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> 
         metrics.RECONCILES.labels("GLMService", "ok").inc()
 
 
-def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
+def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any], *,
+                            coalesce: bool = False) -> None:
+    """Reconcile one ModelVersion; `coalesce` for its own status events and its Jobs'."""
+    if not runtime().queue.run((namespace, f"mv/{name}"),
+                               lambda: _reconcile_model_version(namespace, name, indexes),
+                               coalesce=coalesce):
+        metrics.RECONCILES.labels("ModelVersion", "coalesced").inc()
+
+
+def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
     rt = runtime()
-    with rt.lock((namespace, f"mv/{name}")), \
-            metrics.RECONCILE_SECONDS.labels("ModelVersion").time():
+    with metrics.RECONCILE_SECONDS.labels("ModelVersion").time():
         bodies = _lookup(indexes["modelversions"], (namespace, name))
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
@@ -296,7 +309,7 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
             continue
         for namespace, name in list(services.keys()):
             try:
-                reconcile_service(namespace, name, indexes)
+                reconcile_service(namespace, name, indexes, coalesce=True)
             except Exception as exc:  # one bad object must not stop the resync of the rest
                 log.warning("resync of GLMService %s/%s failed: %s", namespace, name, exc)
 
@@ -304,7 +317,7 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
 def _on_service_child(**kw: Any) -> None:
     owner = kw["labels"].get(SERVICE_LABEL)
     if owner and kw["type"] is not None:  # None: the initial listing, resume covers it
-        reconcile_service(kw["namespace"], owner, kw)
+        reconcile_service(kw["namespace"], owner, kw, coalesce=True)
 
 
 for _g, _v, _p in SERVICE_CRD_CHILDREN:
@@ -325,15 +338,15 @@ def modelversion_event(**kw: Any) -> None:
     if kw["type"] is None:
         return
     if kw["type"] == "MODIFIED":
-        reconcile_model_version(namespace, name, kw)
+        reconcile_model_version(namespace, name, kw, coalesce=True)
     services = _namespace_objects(kw["glmservices"], namespace)
     for service in services_using(name, services):
-        reconcile_service(namespace, service, kw)
+        reconcile_service(namespace, service, kw, coalesce=True)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 def fetch_job_event(**kw: Any) -> None:
     owner = kw["labels"].get(MODEL_VERSION_LABEL)
     if owner and kw["type"] is not None:
-        reconcile_model_version(kw["namespace"], owner, kw)
+        reconcile_model_version(kw["namespace"], owner, kw, coalesce=True)
 

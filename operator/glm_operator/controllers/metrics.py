@@ -5,7 +5,9 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 RECONCILES = Counter(
-    "glm_operator_reconciles_total", "Reconciles run, by kind and result.", ["kind", "result"]
+    "glm_operator_reconciles_total",
+    "Reconciles by kind and result (ok, error, or coalesced: an event folded into a reconcile "
+    "of the same object already waiting to start).", ["kind", "result"]
 )
 RECONCILE_SECONDS = Histogram(
     "glm_operator_reconcile_duration_seconds", "Time per reconcile, by kind.", ["kind"],
