@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         print(f"operator: {n} GLMServices Ready in {elapsed:.1f}s", flush=True)
         print(f"ratio operator/floor: {elapsed / floor:.2f} (target <= 1.5)", flush=True)
+        runs = {result: operator.metric("glm_operator_reconciles_total", kind="GLMService",
+                                        result=result) for result in ("ok", "coalesced")}
+        print(f"GLMService reconciles until Ready: {runs['ok']:.0f} run, "
+              f"{runs['coalesced']:.0f} events collapsed into a waiting one", flush=True)
 
         time.sleep(10)  # the last readiness events settle
         before = api_writes(operator)
@@ -179,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"operator peak RSS: {rss:.0f} MiB at {n} services (target < 200 MiB at 500)")
         print(json.dumps({"services": n, "floor_s": round(floor, 1),
                           "operator_s": round(elapsed, 1), "ratio": round(elapsed / floor, 2),
+                          "reconciles": runs["ok"], "coalesced": runs["coalesced"],
                           "idle_seconds": args.idle_seconds, "idle_writes": idle_writes,
                           "peak_rss_mib": round(rss)}))
         kubectl("delete", "namespace", namespace, "--wait=false")
