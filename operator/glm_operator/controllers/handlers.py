@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -205,10 +205,13 @@ def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any], *,
     """Reconcile one GLMService; `coalesce` for events of its children and ModelVersions."""
     if not _latest_indexes and "glmservices" in indexes:
         _latest_indexes.update({k: v for k, v in indexes.items() if isinstance(v, kopf.Index)})
-    if not runtime().queue.run((namespace, name),
-                               lambda: _reconcile_service(namespace, name, indexes),
-                               coalesce=coalesce):
-        metrics.RECONCILES.labels("GLMService", "coalesced").inc()
+    _in_turn("GLMService", (namespace, name),
+             lambda: _reconcile_service(namespace, name, indexes), coalesce)
+
+
+def _in_turn(kind: str, key: Key, work: Callable[[], None], coalesce: bool) -> None:
+    if not runtime().queue.run(key, work, coalesce=coalesce):
+        metrics.RECONCILES.labels(kind, "coalesced").inc()
 
 
 def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
@@ -246,10 +249,8 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
 def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any], *,
                             coalesce: bool = False) -> None:
     """Reconcile one ModelVersion; `coalesce` for its own status events and its Jobs'."""
-    if not runtime().queue.run((namespace, f"mv/{name}"),
-                               lambda: _reconcile_model_version(namespace, name, indexes),
-                               coalesce=coalesce):
-        metrics.RECONCILES.labels("ModelVersion", "coalesced").inc()
+    _in_turn("ModelVersion", (namespace, f"mv/{name}"),
+             lambda: _reconcile_model_version(namespace, name, indexes), coalesce)
 
 
 def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
