@@ -1,12 +1,19 @@
-"""`glm-operator run`: the operator process (kopf)."""
+"""`glm-operator run`: the operator process (kopf), optionally behind Lease leader election."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 from prometheus_client import start_http_server
@@ -14,8 +21,14 @@ from prometheus_client import start_http_server
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
 from glm_operator.kube.client import KubeClient
+from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identity
 
 PREFIX = "glm-operator.dev"
+# Exit status of a leader that lost its Lease: the pod restarts and comes back as a follower.
+LOST_LEASE_EXIT = 3
+GLOB_CHARACTERS = frozenset("*?[]!")
+
+log = logging.getLogger("glm_operator")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,9 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="watch every namespace (the default without --namespace)")
     parser.add_argument("--config", type=Path, help="operator config YAML (images, profiles)")
     parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, then KUBECONFIG)")
-    parser.add_argument("--peering", metavar="NAME",
-                        help="join this kopf peering for HA (needs the KopfPeering CRDs); "
-                             "without it the operator runs standalone")
     parser.add_argument("--liveness", default="http://0.0.0.0:8081/healthz",
                         help="liveness endpoint URL ('' to disable)")
     parser.add_argument("--metrics-port", type=int, default=8082,
@@ -38,16 +48,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resync-seconds", type=float, default=300,
                         help="backstop re-check of every GLMService (reads memory, writes drift)")
     parser.add_argument("--verbose", action="store_true")
+    election = parser.add_argument_group(
+        "leader election", "run several replicas with exactly one reconciling (docs/ha.md)")
+    election.add_argument("--leader-elect", action="store_true",
+                          help="reconcile only while holding a coordination.k8s.io Lease")
+    election.add_argument("--leader-elect-lease", default="glm-operator",
+                          help="name of the Lease (default: glm-operator)")
+    election.add_argument("--leader-elect-namespace",
+                          default=os.environ.get("POD_NAMESPACE") or "default",
+                          help="namespace of the Lease (default: $POD_NAMESPACE, else default)")
+    election.add_argument("--leader-elect-identity", default=None,
+                          help="this replica's identity (default: $POD_NAME, else host_uuid)")
+    election.add_argument("--leader-elect-lease-duration", type=float, default=15.0,
+                          help="seconds a follower waits for an unrenewed Lease (default 15)")
+    election.add_argument("--leader-elect-renew-deadline", type=float, default=10.0,
+                          help="seconds the leader keeps trying to renew before it exits "
+                               "(default 10; must be below the lease duration)")
+    election.add_argument("--leader-elect-retry-period", type=float, default=2.0,
+                          help="seconds between tries to take or renew the Lease (default 2)")
+
+
+def lease_settings(args: argparse.Namespace) -> LeaseSettings:
+    return LeaseSettings(
+        name=args.leader_elect_lease,
+        namespace=args.leader_elect_namespace,
+        identity=args.leader_elect_identity or default_identity(),
+        lease_duration=args.leader_elect_lease_duration,
+        renew_deadline=args.leader_elect_renew_deadline,
+        retry_period=args.leader_elect_retry_period,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     config = OperatorConfig.load(args.config) if args.config else OperatorConfig()
     kube = KubeClient.from_environment(args.kubeconfig)
+    elector = LeaderElector(kube, lease_settings(args)) if args.leader_elect else None
     handlers.configure(handlers.Runtime(
         kube=kube, config=config, profiles=config.profiles))
+    _configure_logging(args)
     if args.metrics_port:
         start_http_server(args.metrics_port)
 
+    if elector is not None:
+        stop = threading.Event()
+        with _stop_on_signals(stop), _follower_liveness(args.liveness):
+            if not elector.acquire(stop):
+                return 0
+        elector.keep_renewing(on_lost=_exit_lost_lease)
+    try:
+        _run_kopf(args)
+    finally:
+        if elector is not None:
+            # kopf has stopped every handler: hand over now rather than after expiry.
+            elector.release()
+    return 0
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    if args.namespace and not any(GLOB_CHARACTERS & set(ns) for ns in args.namespace):
+        # Exact namespaces need no namespace listing, and the chart grants none; kopf falls
+        # back to the names given but would warn about it on every start.
+        logging.getLogger("kopf._core.reactor.observation").addFilter(_NamespaceListingFilter())
+
+
+class _NamespaceListingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Not enough permissions to list namespaces")
+                    or message.startswith("Not enough permissions to watch for namespaces"))
+
+
+def _run_kopf(args: argparse.Namespace) -> None:
     @kopf.on.startup()
     def _settings(settings: kopf.OperatorSettings, **_: Any) -> None:
         # kopf's bookkeeping goes into annotations with our prefix, never into status.
@@ -59,10 +134,8 @@ def run(args: argparse.Namespace) -> int:
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        settings.peering.standalone = args.peering is None
-        if args.peering:
-            settings.peering.name = args.peering
-            settings.peering.mandatory = True
+        # One active replica is the Lease's job (--leader-elect), not kopf peering's.
+        settings.peering.standalone = True
 
     stop_resync = threading.Event()
 
@@ -75,16 +148,66 @@ def run(args: argparse.Namespace) -> int:
     def _stop_resync(**_: Any) -> None:
         stop_resync.set()
 
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
     namespaces = args.namespace or None
     kopf.run(
         clusterwide=namespaces is None,
         namespaces=namespaces or (),
-        standalone=args.peering is None,
-        peering_name=args.peering,
+        standalone=True,
         liveness_endpoint=args.liveness or None,
     )
-    return 0
+
+
+def _exit_lost_lease() -> None:
+    """A leader that cannot renew must stop writing before a follower may take over: exit at
+    once (no graceful shutdown, whose handlers could still write), and let the pod restart."""
+    logging.shutdown()
+    os._exit(LOST_LEASE_EXIT)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT while following: stop waiting and exit cleanly."""
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _follower_liveness(url: str) -> Iterator[None]:
+    """Answer the liveness probe while following (kopf serves it once leading): a waiting
+    replica is healthy, and must not be restarted by its probe."""
+    if not url:
+        yield
+        return
+    parts = urlsplit(url)
+    path = parts.path or "/"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path.split("?")[0] == path
+            body = b'{"leader": false}\n' if ok else b"not found\n"
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/json" if ok else "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((parts.hostname or "0.0.0.0", parts.port or 80), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="glm-follower-liveness",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
