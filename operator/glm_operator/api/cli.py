@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--root",
         type=Path,
         default=Path.cwd(),
-        help="repository root to write crds/, charts/glm-operator/files/crds/ and docs/api.md under",
+        help="repository root to write crds/, the chart's files/crds/ and docs/api.md under",
     )
     parser.add_argument(
         "--check",
