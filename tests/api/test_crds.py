@@ -167,7 +167,7 @@ def test_chart_carries_the_same_crds() -> None:
     for plural in ("glmservices", "modelversions"):
         name = cli.crd_filename(plural)
         top = (REPO / "crds" / name).read_text()
-        assert top == (REPO / "charts" / "glm-operator" / "crds" / name).read_text()
+        assert top == (REPO / "charts" / "glm-operator" / "files" / "crds" / name).read_text()
         assert yaml.safe_load(top)["kind"] == "CustomResourceDefinition"
 
 
