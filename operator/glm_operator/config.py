@@ -31,6 +31,10 @@ ENV_OVERRIDES: dict[str, str] = {
     "GLM_OPERATOR_IMAGE_TAG": "image_tag",
     "GLM_OPERATOR_DEFAULT_STORAGE_CLASS": "default_storage_class",
 }
+# Nested overrides: environment variable -> (section, field).
+NESTED_ENV_OVERRIDES: dict[str, tuple[str, str]] = {
+    "GLM_OPERATOR_PROMETHEUS_URL": ("prometheus", "url"),
+}
 
 _MODEL = ConfigDict(
     alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
@@ -89,6 +93,30 @@ class FetchSettings(BaseModel):
     )
 
 
+class PrometheusSettings(BaseModel):
+    """Where canary analysis reads the gateways' metrics."""
+
+    model_config = _MODEL
+
+    url: str | None = Field(
+        default=None, description="e.g. http://prometheus-operated.monitoring:9090; without "
+        "it a canary holds at its first step (reason AnalysisUnavailable)."
+    )
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+
+
+class RolloutSettings(BaseModel):
+    """Timing of version rollouts that the GLMService does not choose."""
+
+    model_config = _MODEL
+
+    # After all traffic moved to the new version, the old pods stay this long so requests in
+    # flight (and mesh proxies still on the old route) finish before they go.
+    drain_seconds: float = Field(default=10.0, ge=0, le=3600)
+    min_progress_deadline_seconds: int = Field(default=900, ge=10)
+    progress_deadline_margin_seconds: int = Field(default=300, ge=0)
+
+
 class OperatorConfig(BaseModel):
     """Everything the renderers need beyond the GLMService and ModelVersion themselves."""
 
@@ -106,7 +134,12 @@ class OperatorConfig(BaseModel):
     probes: ProbeTuning = Field(default_factory=ProbeTuning)
     gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     cluster_domain: str = "cluster.local"
+    # How often optional CRDs (Istio, ServiceMonitor) are looked up again, so ones installed
+    # after the operator started are used without a restart.
+    capability_recheck_seconds: float = Field(default=60.0, gt=0, le=3600)
 
     _profiles: Mapping[str, AcceleratorProfile] | None = PrivateAttr(default=None)
 
@@ -157,4 +190,7 @@ def load_config(
     for variable, field in ENV_OVERRIDES.items():
         if env.get(variable):
             data[to_camel(field)] = env[variable]
+    for variable, (section, field) in NESTED_ENV_OVERRIDES.items():
+        if env.get(variable):
+            data.setdefault(section, {})[to_camel(field)] = env[variable]
     return OperatorConfig.model_validate(data)

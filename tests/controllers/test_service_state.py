@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
+from glm_operator.api import AnalysisResult
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers.service_state import ServiceDecision, decide_service
 from glm_operator.render.service import Capabilities
@@ -32,9 +34,16 @@ def ready_mv(mv: dict[str, Any], name: str | None = None) -> dict[str, Any]:
 
 
 def decide(svc: dict[str, Any], mvs: list[dict[str, Any]],
-           live: list[dict[str, Any]] | None = None) -> ServiceDecision:
+           live: list[dict[str, Any]] | None = None, now: datetime | None = None,
+           capabilities: Capabilities | None = None,
+           analysis: AnalysisResult | None = None) -> ServiceDecision:
     return decide_service(svc, {m["metadata"]["name"]: m for m in mvs}, live or [], CONFIG,
-                          CONFIG.profiles, Capabilities())
+                          CONFIG.profiles, capabilities or Capabilities(), now=now,
+                          analysis=analysis)
+
+
+def dump(decision: ServiceDecision) -> dict[str, Any]:
+    return decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def cond(decision: Any, type_: str) -> Any:
@@ -115,9 +124,10 @@ def test_surge_keeps_the_old_version_until_the_new_one_is_ready() -> None:
     settled = decide(svc, [old], live)
     assert settled.status.stable_model_version == "v1"
 
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
     svc["spec"]["modelVersion"] = "v2"
-    svc["status"] = settled.status.model_dump(by_alias=True, mode="json", exclude_none=True)
-    moving = decide(svc, [old, new], live)
+    svc["status"] = dump(settled)
+    moving = decide(svc, [old, new], live, now=t0)
     names = {d["metadata"]["labels"]["glm-operator.dev/version"]
              for d in deployments(moving.desired)}
     assert names == {"v1", "v2"}
@@ -127,10 +137,19 @@ def test_surge_keeps_the_old_version_until_the_new_one_is_ready() -> None:
 
     new_live = live + [as_ready(d) for d in deployments(moving.desired)
                        if d["metadata"]["labels"]["glm-operator.dev/version"] == "v2"]
-    done = decide(svc, [old, new], new_live)
+    svc["status"] = dump(moving)
+    switched = decide(svc, [old, new], new_live, now=t0 + timedelta(seconds=5))
+    assert switched.status.rollout is not None and switched.status.rollout.weight == 100
+    assert switched.status.stable_model_version == "v1"  # the old pods drain first
+    assert {"v1", "v2"} == {d["metadata"]["labels"]["glm-operator.dev/version"]
+                            for d in deployments(switched.desired)}
+    svc["status"] = dump(switched)
+    done = decide(svc, [old, new], new_live,
+                  now=t0 + timedelta(seconds=5 + CONFIG.rollout.drain_seconds))
     assert done.status.stable_model_version == "v2"
     assert {d["metadata"]["labels"]["glm-operator.dev/version"]
             for d in deployments(done.desired)} == {"v2"}
+    assert done.status.rollout is not None and done.status.rollout.phase == "Succeeded"
 
 
 def test_unchanged_inputs_give_an_identical_status() -> None:

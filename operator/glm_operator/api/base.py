@@ -9,6 +9,7 @@ cross-field rules are written twice, once as a pydantic validator and once as CE
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
@@ -79,6 +80,15 @@ StringMap = Annotated[
 Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
 NonNegativeInt64 = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Duration ("1m30s" -> 90.0)."""
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is not a duration such as 30s, 2m or 1h30m")
+    return sum(float(n) * _DURATION_UNITS[unit]
+               for n, unit in re.findall(r"([0-9]+)(ms|s|m|h)", text))
 
 
 class ObjectMeta(BaseModel):

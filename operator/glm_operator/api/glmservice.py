@@ -33,6 +33,11 @@ MAX_CONTEXT_LENGTH = 1_048_576
 DEFAULT_CONTEXT_LENGTH = 8192
 DEFAULT_CONCURRENCY = 4
 DEFAULT_CANARY_STEPS: tuple[int, ...] = (10, 25, 50)
+# One-shot rollout commands. Annotations, not spec fields: they are actions on one rollout,
+# not desired state. Each names the ModelVersion it acts on, so a stale one (left in git or
+# on the object after that rollout ended) never acts on the next rollout.
+PROMOTE_ANNOTATION = "glm-operator.dev/promote"
+ABORT_ANNOTATION = "glm-operator.dev/abort"
 CPU_PROFILE = "cpu"
 
 # Flags the operator derives from the plan or owns for wiring (llama-server and vLLM).
@@ -371,10 +376,27 @@ class Rollout(SpecModel):
         },
     )
     interval: Duration = Field(
-        default="1m", description="Time per step (and between analysis checks), e.g. 2m."
+        default="1m",
+        description="Time per step: each analysis check reads this window of metrics, e.g. 2m.",
     )
-    analysis: CanaryAnalysis | None = Field(default=None, description="Canary gates.")
-    paused: bool = Field(default=False, description="Hold the canary at its current step.")
+    analysis: CanaryAnalysis | None = Field(
+        default=None,
+        description="Canary gates; without it the defaults below apply (a canary is always "
+        "analysed).",
+    )
+    paused: bool = Field(
+        default=False,
+        description="Hold the rollout where it is: weights, replicas and analysis stay. "
+        "Promote and abort are annotations naming the version: "
+        "glm-operator.dev/promote and glm-operator.dev/abort.",
+    )
+    progress_deadline: Duration | None = Field(
+        default=None,
+        description="How long the new version may take to become ready (model fetched, pods "
+        "Ready) before the rollout fails with ProgressDeadlineExceeded and the stable version "
+        "keeps all traffic. Default: the larger of 15m and the model's planned load time "
+        "plus 5m.",
+    )
 
     @field_validator("steps")
     @classmethod

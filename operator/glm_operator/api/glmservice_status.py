@@ -1,4 +1,4 @@
-"""GLMService status: conditions, the capacity plan in force, replicas, canary state.
+"""GLMService status: conditions, the capacity plan in force, replicas, rollout state.
 
 `PlanSummary` has the shape of `glm_operator.planning.Plan.summary()` (camelCase or
 snake_case keys both parse), so the controller stores the planner's own output; the CRD
@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from glm_operator.api.base import Int64, NonNegativeInt64, StatusModel
 from glm_operator.api.conditions import MAX_CONDITIONS, Condition
+
+HISTORY_LIMIT = 5
 
 
 class GLMServiceConditionType(StrEnum):
@@ -24,16 +26,22 @@ class GLMServiceConditionType(StrEnum):
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
     CANARY_PROGRESSING = "CanaryProgressing"
+    TRAFFIC_SPLIT = "TrafficSplit"
 
 
-class CanaryPhase(StrEnum):
-    IDLE = "Idle"
-    PROGRESSING = "Progressing"
-    PAUSED = "Paused"
-    PROMOTING = "Promoting"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    ROLLED_BACK = "RolledBack"
+class RolloutPhase(StrEnum):
+    PROGRESSING = "Progressing"  # waiting for the new version, or walking the canary steps
+    PAUSED = "Paused"  # spec.rollout.paused
+    PROMOTING = "Promoting"  # the new version grows to full size, then takes all traffic
+    SUCCEEDED = "Succeeded"  # the new version is stable
+    ROLLED_BACK = "RolledBack"  # analysis failed failureThreshold times
+    ABORTED = "Aborted"  # the abort annotation named this version
+    FAILED = "Failed"  # progress deadline exceeded
+
+
+# A rollout in one of these phases is over; it stays in status.rollout until the next one.
+FINISHED_PHASES = frozenset({RolloutPhase.SUCCEEDED, RolloutPhase.ROLLED_BACK,
+                             RolloutPhase.ABORTED, RolloutPhase.FAILED})
 
 
 class PlanMemory(StatusModel):
@@ -141,28 +149,55 @@ class PlanSummary(StatusModel):
     vllm: VllmPlan | None = None
 
 
-class CanaryAnalysisResult(StatusModel):
-    """The last analysis of the canary's metrics."""
+class AnalysisResult(StatusModel):
+    """One analysis check of the canary's gateway metrics over one interval."""
 
     time: datetime | None = None
-    request_count: NonNegativeInt64 | None = None
+    window_seconds: float | None = Field(default=None, ge=0)
+    request_count: float | None = Field(default=None, ge=0)
     error_rate_percent: float | None = None
     latency_p99_ms: float | None = None
     time_to_first_token_p99_ms: float | None = None
-    passed: bool | None = None
+    verdict: Literal["Passed", "Failed", "InsufficientTraffic", "Unavailable"] | None = None
+    failed_gates: list[str] | None = Field(
+        default=None, max_length=8, description="The gates that failed, with measured values."
+    )
     message: str | None = None
 
 
-class CanaryStatus(StatusModel):
-    """Where a canary rollout stands."""
+class RolloutStatus(StatusModel):
+    """The rollout from status.stableModelVersion to spec.modelVersion (the last one, once
+    finished). Everything the operator needs to resume it after a restart is here."""
 
-    phase: CanaryPhase = CanaryPhase.IDLE
-    model_version: str | None = Field(default=None, description="The version under test.")
-    weight: int = Field(default=0, ge=0, le=100, description="Traffic percent to the canary.")
-    step: int = Field(default=0, ge=0, description="1-based index into rollout.steps; 0 idle.")
+    strategy: Literal["surge", "canary"] = "surge"
+    model_version: str = Field(description="The version being rolled out.")
+    from_model_version: str | None = Field(default=None, description="The stable version.")
+    phase: RolloutPhase = RolloutPhase.PROGRESSING
+    step: int = Field(default=0, ge=0, description="1-based index into rollout.steps; 0 before "
+                      "the first step.")
+    weight: int = Field(default=0, ge=0, le=100, description="Traffic percent to the new "
+                        "version now.")
     failed_checks: int = Field(default=0, ge=0)
-    last_analysis: CanaryAnalysisResult | None = None
-    last_transition_time: datetime | None = None
+    started_time: datetime | None = None
+    step_started_time: datetime | None = Field(
+        default=None, description="Start of the current step's analysis window."
+    )
+    progress_time: datetime | None = Field(
+        default=None, description="Last time the rollout moved (the deadline counts from it)."
+    )
+    last_analysis: AnalysisResult | None = None
+    message: str | None = None
+
+
+class RolloutRecord(StatusModel):
+    """A finished rollout."""
+
+    model_version: str
+    from_model_version: str | None = None
+    strategy: Literal["surge", "canary"] = "surge"
+    result: str = Field(description="Succeeded, RolledBack, Aborted, Failed or Superseded.")
+    started_time: datetime | None = None
+    finished_time: datetime | None = None
     message: str | None = None
 
 
@@ -183,7 +218,8 @@ class GLMServiceStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=MAX_CONDITIONS,
-        description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing.",
+        description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing, "
+        "TrafficSplit.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
@@ -198,6 +234,17 @@ class GLMServiceStatus(StatusModel):
         default=None, description="Label selector of the main pool pods (scale subresource)."
     )
     endpoint: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
+    stable_spec: dict[str, Any] | None = Field(
+        default=None,
+        description="The spec the stable version was rolled out with: a rollout renders the "
+        "stable pods from it, so changing spec.modelVersion together with other fields never "
+        "restarts them.",
+        json_schema_extra={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+    )
     plan: PlanSummary | None = None
-    canary: CanaryStatus | None = None
+    rollout: RolloutStatus | None = None
+    rollout_history: list[RolloutRecord] | None = Field(
+        default=None, max_length=HISTORY_LIMIT, description="The last finished rollouts, "
+        "newest first."
+    )
     long_context: PoolStatus | None = None

@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
 
-from glm_operator.api import GLMServiceStatus
+from glm_operator.analysis.canary import canary_queries, judge, unavailable
+from glm_operator.analysis.prometheus import PrometheusError, query_scalar
+from glm_operator.api import AnalysisResult, GLMService, GLMServiceStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
 from glm_operator.controllers.drift import object_holds_intent
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
+from glm_operator.controllers.rollout import analysis_window, gates
 from glm_operator.controllers.service_state import decide_service
-from glm_operator.kube.client import KubeClient, KubeError
+from glm_operator.controllers.wakeups import Wakeups
+from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
+from glm_operator.kube.events import event_for
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL
@@ -41,6 +47,8 @@ SERVICE_CRD_CHILDREN = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
     ("monitoring.coreos.com", "v1", "servicemonitors"),
+    ("networking.istio.io", "v1", "virtualservices"),
+    ("networking.istio.io", "v1", "destinationrules"),
 )
 MODEL_VERSION_CHILDREN = (("batch", "v1", "jobs"), ("", "v1", "persistentvolumeclaims"))
 
@@ -58,11 +66,15 @@ class Runtime:
     config: OperatorConfig
     profiles: Mapping[str, AcceleratorProfile]
     queue: KeyQueue = field(default_factory=KeyQueue)
+    wakeups: Wakeups | None = None
 
     def capabilities(self) -> Capabilities:
+        ttl = self.config.capability_recheck_seconds
         return Capabilities(
-            service_monitor=self.kube.crd_established("servicemonitors.monitoring.coreos.com"),
-            istio=self.kube.crd_established("virtualservices.networking.istio.io"),
+            service_monitor=self.kube.crd_established("servicemonitors.monitoring.coreos.com",
+                                                      ttl),
+            istio=(self.kube.crd_established("virtualservices.networking.istio.io", ttl)
+                   and self.kube.crd_established("destinationrules.networking.istio.io", ttl)),
         )
 
 
@@ -70,8 +82,25 @@ _runtime: Runtime | None = None
 
 
 def configure(runtime: Runtime) -> None:
+    """Set the runtime and start the thread that runs reconciles asked for later."""
     global _runtime
     _runtime = runtime
+    runtime.wakeups = Wakeups(_wake_service)
+    threading.Thread(target=runtime.wakeups.run, args=(threading.Event(),),
+                     name="glm-wakeups", daemon=True).start()
+
+
+def _wake_service(key: Hashable) -> None:
+    namespace, name = cast(Key, key)
+    indexes = dict(_latest_indexes)
+    if "glmservices" not in indexes:
+        return
+    try:
+        reconcile_service(namespace, name, indexes, coalesce=True)
+    except kopf.TemporaryError as exc:
+        runtime().wakeups.schedule(key, float(exc.delay or 5))  # type: ignore[union-attr]
+    except Exception as exc:  # the thread must outlive one bad reconcile
+        log.warning("scheduled reconcile of GLMService %s/%s failed: %s", namespace, name, exc)
 
 
 def runtime() -> Runtime:
@@ -156,25 +185,35 @@ def _ref(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
-                   live: list[Obj]) -> int:
-    """Apply what differs, delete owned children no longer desired; return writes made."""
+                   live: list[Obj], retained: frozenset[tuple[str, str]] = frozenset()) -> int:
+    """Apply what differs, delete owned children neither desired nor retained; return writes
+    made."""
     writes = 0
     live_by_ref = {_ref(o): o for o in live}
     for obj in desired:
         current = live_by_ref.get(_ref(obj))
-        if current is None and INITIAL_REPLICAS_ANNOTATION in obj["metadata"].get(
-                "annotations", {}):
+        hands_off_replicas = INITIAL_REPLICAS_ANNOTATION in obj["metadata"].get(
+            "annotations", {})
+        if current is None and hands_off_replicas:
             # replicas belong to the HPA or the gateway, not to our applied intent: set the
             # starting count once, by a plain create under another manager, so later applies
             # (which omit replicas) never reset it.
             kube.create(with_initial_replicas(obj), field_manager=INITIAL_FIELD_MANAGER)
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="create").inc()
             writes += 1
-        elif not object_holds_intent(obj, current):
+            continue
+        if hands_off_replicas and current is not None and _applies_replicas(current):
+            # A pool whose size a rollout set is handed to its HPA: another manager takes
+            # replicas at the live count first, else dropping the field from our apply
+            # would reset the Deployment to 1 replica.
+            kube.apply(_replicas_only(current), field_manager=INITIAL_FIELD_MANAGER)
+            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="handover").inc()
+            writes += 1
+        if not object_holds_intent(obj, current):
             kube.apply(obj)
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
             writes += 1
-    wanted = {_ref(o) for o in desired}
+    wanted = {_ref(o) for o in desired} | retained
     for obj in live:
         meta = obj.get("metadata", {})
         owned = any(r.get("uid") == owner_uid for r in meta.get("ownerReferences", []))
@@ -185,15 +224,34 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
     return writes
 
 
+def _applies_replicas(live: Mapping[str, Any]) -> bool:
+    """Whether our own applied intent holds spec.replicas of this live object."""
+    for entry in live.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            return "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
+    return False
+
+
+def _replicas_only(live: Mapping[str, Any]) -> Obj:
+    meta = live["metadata"]
+    return {"apiVersion": live["apiVersion"], "kind": live["kind"],
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "spec": {"replicas": int(live.get("spec", {}).get("replicas") or 0)}}
+
+
 def with_initial_replicas(obj: Mapping[str, Any]) -> Obj:
     created = {**obj, "spec": {**obj["spec"]}}
     created["spec"]["replicas"] = int(obj["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION])
     return created
 
 
-def _emit(body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
+def _emit(kube: KubeClient, body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
     for type_, reason, message in events:
-        kopf.event(cast(kopf.Body, dict(body)), type=type_, reason=reason, message=message[:1024])
+        try:
+            kube.create(event_for(body, type_, reason, message))
+        except KubeError as exc:  # an Event is a courtesy; the status already says it
+            log.warning("could not post Event %s on %s/%s: %s", reason,
+                        body["metadata"].get("namespace"), body["metadata"]["name"], exc)
 
 
 # The kopf indexes, as the last handler saw them (live views), for the resync thread.
@@ -214,36 +272,119 @@ def _in_turn(kind: str, key: Key, work: Callable[[], None], coalesce: bool) -> N
         metrics.RECONCILES.labels(kind, "coalesced").inc()
 
 
+# Status this operator wrote and the watch may not have delivered yet: key -> (the
+# resourceVersion the write was based on, the one it produced, the status written). The
+# write was guarded by the first, so an index still showing it is stale; any other version
+# is at least as new as ours.
+_written: dict[Key, tuple[str, str, Obj]] = {}
+_written_lock = threading.Lock()
+
+
+def _with_own_writes(key: Key, body: Obj) -> Obj:
+    with _written_lock:
+        entry = _written.get(key)
+        if entry is None:
+            return body
+        base, produced, status = entry
+        if body["metadata"].get("resourceVersion") != base:
+            del _written[key]
+            return body
+    return {**body, "status": status,
+            "metadata": {**body["metadata"], "resourceVersion": produced}}
+
+
 def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) -> None:
     rt = runtime()
+    key = (namespace, name)
     with metrics.RECONCILE_SECONDS.labels("GLMService").time():
-        bodies = _lookup(indexes["glmservices"], (namespace, name))
+        bodies = _lookup(indexes["glmservices"], key)
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
-        body = bodies[0]
-        children = _children(indexes, SERVICE_CHILD_INDEXES, (namespace, name))
+        body = _with_own_writes(key, bodies[0])
+        children = _children(indexes, SERVICE_CHILD_INDEXES, key)
+        now = datetime.now(UTC)
         try:
             decision = decide_service(
                 body, _model_versions_of(body, indexes["modelversions"], namespace), children,
-                rt.config, rt.profiles, rt.capabilities())
-            _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children)
+                rt.config, rt.profiles, rt.capabilities(), now=now,
+                analysis=_canary_analysis(rt.config, body, now))
+            _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
+                           decision.retained)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
             old_status = GLMServiceStatus.model_validate(body.get("status") or {}).model_dump(
                 by_alias=True, mode="json", exclude_none=True)
             if new_status != old_status:
-                rt.kube.patch_status(f"{GROUP}/{VERSION}", "GLMService", namespace, name,
-                                     new_status)
-            for reason in {c["reason"] for c in new_status.get("conditions", [])
-                           if c["type"] == "Planned" and c["status"] == "False"}:
-                if new_status != old_status:
-                    metrics.PLAN_FAILURES.labels(reason=reason).inc()
-            _emit(body, decision.events)
+                _write_status(rt.kube, body, new_status)
+                _count_status_change(old_status, new_status)
+            _emit(rt.kube, body, decision.events)
+            if rt.wakeups is not None:
+                if decision.requeue_after is not None:
+                    rt.wakeups.schedule(key, decision.requeue_after)
+                else:
+                    rt.wakeups.cancel(key)
         except KubeError as exc:
             metrics.RECONCILES.labels("GLMService", "error").inc()
             if _namespace_terminating(exc):
                 return
+            if exc.status == 409 and rt.wakeups is not None:
+                rt.wakeups.schedule(key, 1.0)  # someone wrote first; look again at theirs
+                return
             raise kopf.TemporaryError(f"API error: {exc}", delay=5) from exc
         metrics.RECONCILES.labels("GLMService", "ok").inc()
+
+
+def _write_status(kube: KubeClient, body: Obj, status: Obj) -> None:
+    """Status patch guarded by the resourceVersion it was decided from: rollout state must
+    never be written from a stale read (409: a fresh event, or the retry, decides again)."""
+    meta = body["metadata"]
+    base = meta["resourceVersion"]
+    written = kube.patch_merge(
+        f"{GROUP}/{VERSION}", "GLMService", meta["namespace"], meta["name"],
+        {"metadata": {"resourceVersion": base}, "status": status}, "status")
+    produced = written.get("metadata", {}).get("resourceVersion")
+    if produced:
+        with _written_lock:
+            _written[(meta["namespace"], meta["name"])] = (base, produced, status)
+
+
+def _count_status_change(old: Obj, new: Obj) -> None:
+    for reason in {c["reason"] for c in new.get("conditions", [])
+                   if c["type"] == "Planned" and c["status"] == "False"}:
+        metrics.PLAN_FAILURES.labels(reason=reason).inc()
+    for record in new.get("rolloutHistory") or []:
+        if record in (old.get("rolloutHistory") or []):
+            continue
+        metrics.ROLLOUTS.labels(strategy=record.get("strategy", "surge"),
+                                result=record.get("result", "")).inc()
+    last = (new.get("rollout") or {}).get("lastAnalysis")
+    if last and last != (old.get("rollout") or {}).get("lastAnalysis"):
+        metrics.ANALYSIS_CHECKS.labels(verdict=last.get("verdict", "")).inc()
+
+
+def _canary_analysis(config: OperatorConfig, body: Obj, now: datetime) -> AnalysisResult | None:
+    """Query Prometheus when the canary's current step is due for a check, else None."""
+    if ((body.get("status") or {}).get("rollout") or {}).get("strategy") != "canary":
+        return None
+    service = GLMService.model_validate(body)
+    policy, status = service.spec.rollout, service.status
+    window = analysis_window(status.rollout, policy, status.stable_model_version,
+                             service.spec.model_version, now)
+    if window is None:
+        return None
+    url = config.prometheus.url
+    if not url:
+        return unavailable("no Prometheus to analyse the canary: set prometheus.url in the "
+                           "operator config (helm value prometheus.url); promote with the "
+                           "glm-operator.dev/promote annotation meanwhile", window, now)
+    queries = canary_queries(service.metadata.namespace or "", service.metadata.name or "",
+                             service.spec.model_version, window)
+    try:
+        values = {key: query_scalar(url, promql, config.prometheus.timeout_seconds)
+                  for key, promql in queries.all().items()}
+    except PrometheusError as exc:
+        return unavailable(f"Prometheus did not answer, holding the step: {exc}"[:500],
+                           window, now)
+    return judge(gates(policy), values, window, now)
 
 
 def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any], *,
@@ -270,7 +411,7 @@ def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, An
                     f"{GROUP}/{VERSION}", "ModelVersion", namespace, name,
                     {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
                      "status": decision.status_patch}, "status")
-            _emit(body, decision.events)
+            _emit(rt.kube, body, decision.events)
         except KubeError as exc:
             metrics.RECONCILES.labels("ModelVersion", "error").inc()
             if exc.status == 409:

@@ -23,3 +23,13 @@ MANAGED_OBJECTS = Gauge(
 PLAN_FAILURES = Counter(
     "glm_operator_plan_failures_total", "Reconciles that could not plan, by reason.", ["reason"]
 )
+ROLLOUTS = Counter(
+    "glm_operator_rollouts_total",
+    "Finished version rollouts, by strategy and result (Succeeded, RolledBack, Aborted, Failed, "
+    "Superseded).", ["strategy", "result"],
+)
+ANALYSIS_CHECKS = Counter(
+    "glm_operator_canary_checks_total",
+    "Canary analysis checks, by verdict (Passed, Failed, InsufficientTraffic, Unavailable).",
+    ["verdict"],
+)

@@ -1,45 +1,63 @@
 """What a GLMService should look like right now: desired children and status (pure).
 
 observe (the handler) -> decide (here) -> apply (the handler). Given the service, the
-ModelVersions it names, and the live children, `decide_service` returns the children the
-operator must hold and the status to report. No I/O, so every branch (missing model,
-infeasible plan, a surge from one version to the next) is unit-testable.
+ModelVersions it names, the live children and (when a canary check was due) an analysis
+result, `decide_service` returns the children the operator must hold, the live children it
+must leave alone, the status to report and when to look again. No I/O, so every branch
+(missing model, infeasible plan, each rollout step) is unit-testable.
 
-Rollout, surge strategy: while `spec.modelVersion` differs from `status.stableModelVersion`,
-both versions are rendered; the old one keeps serving until the new one's main pool is fully
-ready, then `stableModelVersion` moves and the old Deployment is no longer desired (pruned).
+Versions: `status.stableModelVersion` serves now, rendered from `status.stableSpec`, the spec
+it was rolled out with, so a rollout never restarts the stable pods. `spec.modelVersion`, when
+it differs, is rolled out by `controllers/rollout.py`. A version whose ModelVersion is gone
+cannot be rendered: its live pods are kept as they are, never pruned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from glm_operator.api import (
+    AnalysisResult,
     GLMService,
     GLMServiceConditionType,
     GLMServiceStatus,
     ModelVersion,
     PoolStatus,
+    RolloutPhase,
+    RolloutRecord,
+    RolloutStatus,
     set_condition,
 )
 from glm_operator.api.conditions import Condition
+from glm_operator.api.glmservice import ABORT_ANNOTATION, PROMOTE_ANNOTATION, GLMServiceSpec
+from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
+from glm_operator.controllers import rollout as rollouts
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
 from glm_operator.planning.planner import Plan, PlanInputError, plan
+from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import POOL_LABEL, VERSION_LABEL, label_value
+from glm_operator.render.pod import PoolContext, ReplicaPolicy, startup_seconds
 from glm_operator.render.service import (
     Capabilities,
     ServiceInputs,
+    main_service_name,
     plan_summary,
     render_service,
     service_name_for,
     service_url,
+)
+from glm_operator.render.traffic import (
+    VersionRoute,
+    build_destination_rule,
+    build_virtual_service,
+    service_host,
 )
 
 Obj = dict[str, Any]
@@ -53,6 +71,9 @@ class ServiceDecision:
     desired: list[Obj]
     status: GLMServiceStatus
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    # Live children to leave as they are: a serving version that cannot be rendered.
+    retained: frozenset[tuple[str, str]] = frozenset()
+    requeue_after: float | None = None  # seconds until the rollout needs another look
 
 
 @dataclass(frozen=True)
@@ -159,9 +180,62 @@ def _rolled_out(deployment: Obj, wanted: int) -> bool:
     )
 
 
+def _ready_pods(deployments: Sequence[Obj]) -> int:
+    """Ready pods of the current pod template (0 while the Deployment has not caught up)."""
+    total = 0
+    for d in deployments:
+        meta, status = d.get("metadata", {}), d.get("status", {})
+        if status.get("observedGeneration", 0) >= meta.get("generation", 1):
+            total += min(status.get("updatedReplicas", 0), status.get("readyReplicas", 0))
+    return total
+
+
 def _wanted_replicas(service: GLMService) -> int:
     autoscaling = service.spec.autoscaling
     return autoscaling.min_replicas if autoscaling else service.spec.effective_replicas
+
+
+def _full_size(service: GLMService, stable_deployments: Sequence[Obj]) -> int:
+    """Replicas the new version needs to take all traffic: what the stable pool runs now
+    when an HPA sizes it (never less than minReplicas), else the spec's count."""
+    autoscaling = service.spec.autoscaling
+    if autoscaling is None:
+        return max(1, service.spec.effective_replicas)
+    live = sum(int(d.get("spec", {}).get("replicas") or 0) for d in stable_deployments)
+    return max(1, autoscaling.min_replicas, live)
+
+
+def _stable_service(service: GLMService, frozen: Mapping[str, Any] | None) -> GLMService:
+    """The service as its stable version was rolled out (status.stableSpec)."""
+    if not frozen:
+        return service
+    try:
+        spec = GLMServiceSpec.model_validate(frozen)
+    except ValidationError:
+        return service  # written by another operator version; the current spec is the best guess
+    return service.model_copy(update={"spec": spec})
+
+
+def _spec_snapshot(service: GLMService) -> dict[str, Any]:
+    return service.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def _load_seconds(version: _VersionPlan, service: GLMService, config: OperatorConfig) -> float:
+    if version.plan is None or version.model_version is None:
+        return 0.0
+    return float(startup_seconds(PoolContext(
+        service=service, model_version=version.model_version, plan=version.plan,
+        config=config, pool=MAIN_POOL, namespace=service.metadata.namespace or "")))
+
+
+@dataclass
+class _Render:
+    """What to render of one version."""
+
+    version: _VersionPlan
+    service: GLMService  # with the spec this version runs
+    replicas: ReplicaPolicy | None = None  # None: from that spec (HPA-managed or fixed)
+    autoscaler: bool = True
 
 
 def decide_service(
@@ -172,12 +246,15 @@ def decide_service(
     profiles: Mapping[str, AcceleratorProfile],
     capabilities: Capabilities,
     now: datetime | None = None,
+    analysis: AnalysisResult | None = None,
 ) -> ServiceDecision:
     service = GLMService.model_validate(service_body)
+    now = now or datetime.now(UTC)
     generation = service.metadata.generation
     previous = service.status
     conditions: list[Condition] = list(previous.conditions)
     events: list[tuple[str, str, str]] = []
+    history: list[RolloutRecord] = list(previous.rollout_history or [])
 
     def condition(type_: str, ok: bool, reason: str, message: str) -> None:
         nonlocal conditions
@@ -185,8 +262,9 @@ def decide_service(
 
     wanted_version = service.spec.model_version
     stable = previous.stable_model_version
+    stable_service = _stable_service(service, previous.stable_spec)
     target = _plan_version(service, wanted_version, model_versions, profiles)
-    old = (_plan_version(service, stable, model_versions, profiles)
+    old = (_plan_version(stable_service, stable, model_versions, profiles)
            if stable and stable != wanted_version else None)
 
     # ModelReady / Planned describe the version the user asked for.
@@ -202,56 +280,124 @@ def decide_service(
     elif target.plan is not None:
         condition(C.PLANNED, True, "Planned", _plan_message(target.plan))
 
-    serving = [v for v in (target, old) if v is not None and v.servable]
+    rollout_status = previous.rollout
+    decision: rollouts.RolloutDecision | None = None
+    if stable is None or stable == wanted_version:
+        record = rollouts.superseded(
+            rollout_status if rollout_status and rollout_status.model_version != stable
+            else None, now, f"spec.modelVersion went back to {wanted_version}")
+        if record is not None:
+            history.insert(0, record)
+            rollout_status = None
+    else:
+        if rollout_status is not None and (rollout_status.model_version != wanted_version
+                                           or rollout_status.from_model_version != stable):
+            record = rollouts.superseded(
+                rollout_status, now, f"spec.modelVersion changed to {wanted_version}")
+            if record is not None:
+                history.insert(0, record)
+            rollout_status = None
+        stable_main = _pool_deployments(live_children, stable, MAIN_POOL)
+        annotations = service.metadata.annotations
+        decision = rollouts.advance(rollouts.RolloutInputs(
+            policy=service.spec.rollout, stable=stable, target=wanted_version,
+            new=rollouts.NewVersion(
+                servable=target.servable,
+                problem=(target.model_problem or target.plan_problem or (None, None))[1],
+                ready_replicas=_ready_pods(
+                    _pool_deployments(live_children, wanted_version, MAIN_POOL)),
+                load_seconds=_load_seconds(target, service, config)),
+            full_size=_full_size(service, stable_main), now=now, previous=rollout_status,
+            promote_requested=annotations.get(PROMOTE_ANNOTATION) == wanted_version,
+            abort_requested=annotations.get(ABORT_ANNOTATION) == wanted_version,
+            analysis=analysis, drain_seconds=config.rollout.drain_seconds,
+            min_deadline_seconds=config.rollout.min_progress_deadline_seconds,
+            deadline_margin_seconds=config.rollout.progress_deadline_margin_seconds,
+        ))
+        rollout_status = decision.status
+        events += decision.events
+        if decision.finished is not None:
+            history.insert(0, decision.finished)
+
+    # Which versions run, at what size, with what share of the traffic.
+    renders: list[_Render] = []
+    routes: list[VersionRoute] = []
+    new_stable = stable
+    if decision is None:
+        renders.append(_Render(target, service))
+        routes.append(VersionRoute(wanted_version, 100))
+    elif decision.promote:
+        new_stable = wanted_version
+        renders.append(_Render(target, service))  # as stable: the spec's size, its HPA
+        routes.append(VersionRoute(wanted_version, 100))
+    else:
+        assert old is not None and stable is not None
+        if decision.new_replicas is not None and target.servable:
+            size = decision.new_replicas
+            renders.append(_Render(target, service, ReplicaPolicy(fixed=size, initial=size),
+                                   autoscaler=False))
+        renders.append(_Render(old, stable_service))
+        routes.append(VersionRoute(stable, 100 - decision.weight))
+        if decision.new_replicas is not None and target.servable:
+            routes.append(VersionRoute(wanted_version, decision.weight))
+
     desired: list[Obj] = []
     seen: set[tuple[str, str]] = set()
-    for version in serving:
+    retained: set[tuple[str, str]] = set()
+    for item in renders:
+        version = item.version
+        if not version.servable:
+            if version.name == (new_stable or ""):
+                retained |= _version_children(live_children, version.name)
+            continue
         assert version.model_version is not None and version.plan is not None
-        inputs = ServiceInputs(service=service, model_version=version.model_version,
+        inputs = ServiceInputs(service=item.service, model_version=version.model_version,
                                plan=version.plan, long_context_plan=version.long_context_plan,
-                               config=config, capabilities=capabilities)
+                               config=config, capabilities=capabilities,
+                               main_replicas=item.replicas, with_autoscaler=item.autoscaler)
         for obj in render_service(inputs):
             key = (obj["kind"], obj["metadata"]["name"])
             if key not in seen:  # Services, RBAC and HPA are shared by every version
                 seen.add(key)
                 desired.append(obj)
 
-    # Surge: promote the target once its main pool is fully ready.
+    # First rollout (nothing stable yet) and in-place spec changes: promote when Ready.
     wanted_replicas = _wanted_replicas(service)
     target_deployments = _pool_deployments(live_children, wanted_version, MAIN_POOL)
-    target_ready = target.servable and any(
-        _rolled_out(d, max(wanted_replicas, 1)) for d in target_deployments)
-    new_stable = stable
-    if target_ready and stable != wanted_version:
+    if decision is None and stable != wanted_version and target.servable and any(
+            _rolled_out(d, max(wanted_replicas, 1)) for d in target_deployments):
         new_stable = wanted_version
-        events.append(("Normal", "Promoted",
-                       f"ModelVersion {wanted_version!r} is serving"
-                       + (f"; {stable!r} is being removed" if stable else "")))
-        # The old version is not desired any more: drop its pods from the intent.
-        desired = [o for o in desired
-                   if o.get("metadata", {}).get("labels", {}).get(VERSION_LABEL)
-                   in (None, label_value(wanted_version))]
+        events.append(("Normal", "Promoted", f"ModelVersion {wanted_version!r} is serving"))
+    if decision is not None and decision.promote:
+        events.append(("Normal", "Promoted", f"ModelVersion {wanted_version!r} is serving; "
+                                             f"{stable!r} is being removed"))
+
+    stable_missing = bool(retained)
+    if capabilities.istio:
+        desired += _traffic_objects(service, routes, target if target.plan else old, config)
+    _traffic_condition(condition, capabilities.istio, decision, live_children, stable,
+                       wanted_version)
 
     main = _pool_deployments(live_children, None, MAIN_POOL)
     replicas = sum(d.get("status", {}).get("replicas", 0) for d in main)
     ready = sum(d.get("status", {}).get("readyReplicas", 0) for d in main)
-    progressing = stable != wanted_version and new_stable != wanted_version
-    if progressing:
-        condition(C.PROGRESSING, True, "RollingOut",
-                  f"moving from {stable or 'nothing'} to {wanted_version}: "
-                  f"{ready}/{max(wanted_replicas, 1)} pods of {wanted_version} ready"
-                  if target.servable else
-                  f"waiting for ModelVersion {wanted_version!r} before rolling out")
-    elif not all(_rolled_out(d, 0) for d in target_deployments):
-        condition(C.PROGRESSING, True, "RollingOut", "pods are being replaced")
-    else:
-        condition(C.PROGRESSING, False, "Stable", f"{wanted_version} is rolled out")
+    _progress_conditions(condition, decision, stable, new_stable, wanted_version, target,
+                         target_deployments, ready, wanted_replicas)
+    if decision is not None and decision.status.strategy == "canary":
+        condition(C.CANARY_PROGRESSING, *_canary_condition(decision.status))
 
+    rolling = decision is not None and decision.status.phase not in FINISHED_PHASES
     if ready > 0 and new_stable is not None:
         condition(C.READY, True, "Serving", f"{ready}/{replicas} pods ready, serving {new_stable}")
-        degraded = ready < max(wanted_replicas, 1) and not progressing
-        condition(C.DEGRADED, degraded, "ReplicasUnavailable" if degraded else "AsPlanned",
-                  f"{ready} of {max(wanted_replicas, 1)} pods ready")
+        if stable_missing:
+            condition(C.DEGRADED, True, "StableModelVersionMissing",
+                      f"ModelVersion {new_stable!r} is serving but no longer exists (or is "
+                      "invalid): its pods keep running as they are and cannot be re-created "
+                      "or changed; restore it, or roll out another version")
+        else:
+            degraded = ready < max(wanted_replicas, 1) and not rolling
+            condition(C.DEGRADED, degraded, "ReplicasUnavailable" if degraded else "AsPlanned",
+                      f"{ready} of {max(wanted_replicas, 1)} pods ready")
     else:
         why = (target.plan_problem or target.model_problem
                or ("PodsNotReady", f"0/{max(wanted_replicas, 1)} pods ready"))
@@ -268,11 +414,16 @@ def decide_service(
             endpoint=_endpoint(service, config, LONG_CONTEXT_POOL),
         )
 
+    if new_stable == wanted_version:
+        stable_spec: dict[str, Any] | None = _spec_snapshot(service)
+    else:
+        stable_spec = previous.stable_spec or (_spec_snapshot(stable_service) if stable else None)
     shown = target if target.plan is not None else old
     status = GLMServiceStatus(
         observed_generation=generation,
         conditions=conditions,
         stable_model_version=new_stable,
+        stable_spec=stable_spec,
         replicas=replicas,
         ready_replicas=ready,
         selector=(f"glm-operator.dev/service={label_value(service.metadata.name or '')},"
@@ -281,10 +432,110 @@ def decide_service(
         plan=(plan_summary(shown.plan, service, shown.name, shown.model_version)
               if shown is not None and shown.plan is not None
               and shown.model_version is not None else previous.plan),
-        canary=previous.canary,
+        rollout=rollout_status,
+        rollout_history=history[:HISTORY_LIMIT] or None,
         long_context=long_context,
     )
-    return ServiceDecision(desired=desired, status=status, events=events)
+    return ServiceDecision(desired=desired, status=status, events=events,
+                           retained=frozenset(retained),
+                           requeue_after=decision.requeue_after if decision else None)
+
+
+def _version_children(children: Sequence[Obj], version: str) -> set[tuple[str, str]]:
+    return {(c["kind"], c["metadata"]["name"]) for c in children
+            if c.get("metadata", {}).get("labels", {}).get(VERSION_LABEL) == label_value(version)}
+
+
+def _traffic_objects(service: GLMService, routes: list[VersionRoute],
+                     planned: _VersionPlan | None, config: OperatorConfig) -> list[Obj]:
+    name, namespace = service.metadata.name or "", service.metadata.namespace or ""
+    host = service_host(main_service_name(name), namespace, config)
+    owner = owner_reference(service)
+    autoscaling = service.spec.autoscaling
+    replicas = autoscaling.max_replicas if autoscaling else service.spec.effective_replicas
+    slots = planned.plan.request.concurrency if planned and planned.plan else 1
+    # Every live version's pods can take the pool's full load during a rollout.
+    max_requests = slots * max(1, replicas) * max(1, len(routes))
+    return [
+        build_destination_rule(main_service_name(name), namespace, name, host, routes,
+                               max_requests, owner),
+        build_virtual_service(main_service_name(name), namespace, name, host, routes, owner),
+    ]
+
+
+def _traffic_condition(condition: Any, istio: bool, decision: rollouts.RolloutDecision | None,
+                       live_children: Sequence[Obj], stable: str | None, target: str) -> None:
+    if istio:
+        condition(C.TRAFFIC_SPLIT, True, "Istio",
+                  "weights are exact: an Istio VirtualService routes by version; the header "
+                  "x-glm-version: <modelversion> pins one")
+        return
+    if decision is None or decision.weight in (0, 100) or stable is None:
+        condition(C.TRAFFIC_SPLIT, False, "ReplicaRatio",
+                  "Istio's CRDs are absent: during a rollout traffic splits by ready pods "
+                  "through the one Service")
+        return
+    old_ready = _ready_pods(_pool_deployments(live_children, stable, MAIN_POOL))
+    new_ready = _ready_pods(_pool_deployments(live_children, target, MAIN_POOL))
+    share = 100 * new_ready / max(1, old_ready + new_ready)
+    condition(C.TRAFFIC_SPLIT, False, "ReplicaRatio",
+              f"Istio's CRDs are absent: traffic splits by ready pods, {new_ready} of "
+              f"{old_ready + new_ready} ({share:.0f}%) to {target} for a {decision.weight}% "
+              "step; weights are approximate")
+
+
+def _progress_conditions(condition: Any, decision: rollouts.RolloutDecision | None,
+                         stable: str | None, new_stable: str | None, wanted: str,
+                         target: _VersionPlan, target_deployments: Sequence[Obj], ready: int,
+                         wanted_replicas: int) -> None:
+    if decision is not None and not decision.promote:
+        phase = decision.status.phase
+        message = decision.status.message or ""
+        if phase == RolloutPhase.FAILED:
+            condition(C.PROGRESSING, False, "ProgressDeadlineExceeded", message)
+        elif phase == RolloutPhase.ROLLED_BACK:
+            condition(C.PROGRESSING, False, "RolledBack", message)
+        elif phase == RolloutPhase.ABORTED:
+            condition(C.PROGRESSING, False, "Aborted", message)
+        elif phase == RolloutPhase.PAUSED:
+            condition(C.PROGRESSING, True, "Paused", message)
+        else:
+            reason = "Canary" if decision.status.strategy == "canary" else "RollingOut"
+            condition(C.PROGRESSING, True, reason,
+                      f"moving from {stable} to {wanted}: {message}")
+        return
+    if stable != wanted and new_stable != wanted:  # the first version, not Ready yet
+        condition(C.PROGRESSING, True, "RollingOut",
+                  f"rolling out {wanted}: {ready}/{max(wanted_replicas, 1)} pods ready"
+                  if target.servable else
+                  f"waiting for ModelVersion {wanted!r} before rolling out")
+    elif not all(_rolled_out(d, 0) for d in target_deployments):
+        condition(C.PROGRESSING, True, "RollingOut", "pods are being replaced")
+    else:
+        condition(C.PROGRESSING, False, "Stable", f"{wanted} is rolled out")
+
+
+def _canary_condition(status: RolloutStatus) -> tuple[bool, str, str]:
+    message = status.message or ""
+    phase = status.phase
+    if phase == RolloutPhase.SUCCEEDED:
+        return False, "Succeeded", message
+    if phase == RolloutPhase.ROLLED_BACK:
+        return False, "RolledBack", message
+    if phase == RolloutPhase.ABORTED:
+        return False, "Aborted", message
+    if phase == RolloutPhase.FAILED:
+        return False, "ProgressDeadlineExceeded", message
+    if phase == RolloutPhase.PAUSED:
+        return True, "Paused", message
+    if phase == RolloutPhase.PROMOTING:
+        return True, "Promoting", message
+    verdict = status.last_analysis.verdict if status.last_analysis else None
+    if verdict == "InsufficientTraffic":
+        return True, "InsufficientTraffic", message
+    if verdict == "Unavailable":
+        return True, "AnalysisUnavailable", message
+    return True, "Progressing", message
 
 
 def _endpoint(service: GLMService, config: OperatorConfig, pool: str) -> str:

@@ -47,6 +47,8 @@ def pool_labels(ctx: PoolContext) -> dict[str, str]:
 
 def desired_replicas(ctx: PoolContext) -> tuple[int | None, int]:
     """(replicas in the intent or None, replicas to create with)."""
+    if ctx.replicas is not None:
+        return ctx.replicas.fixed, ctx.replicas.initial
     spec = ctx.service.spec
     if ctx.pool == LONG_CONTEXT_POOL:
         assert spec.long_context is not None

@@ -1,4 +1,8 @@
-"""ServiceMonitor for the gateways' /metrics (only where the Prometheus Operator CRD exists)."""
+"""ServiceMonitor for the gateways' /metrics (only where the Prometheus Operator CRD exists).
+
+honorLabels keeps the series labels the gateway sets (service = the GLMService,
+model_version, pool); Prometheus adds namespace and pod from the target.
+"""
 
 from __future__ import annotations
 

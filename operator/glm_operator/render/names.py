@@ -50,3 +50,7 @@ def pool_selector(service: str, version: str, pool: str) -> dict[str, str]:
     return {SERVICE_LABEL: label_value(service), VERSION_LABEL: label_value(version),
             POOL_LABEL: pool}
 
+
+
+# A request carrying this header goes to the named ModelVersion, whatever the weights (Istio).
+VERSION_HEADER = "x-glm-version"

@@ -58,6 +58,15 @@ class RenderInputError(ValueError):
 
 
 @dataclass(frozen=True)
+class ReplicaPolicy:
+    """Who sets a pool's replicas: the operator (`fixed`, part of the applied intent), or an
+    HPA or the gateway's wake-up (`fixed` None), which start from `initial`."""
+
+    fixed: int | None
+    initial: int
+
+
+@dataclass(frozen=True)
 class PoolContext:
     """One pool (main or long-context) of one service at one model version."""
 
@@ -71,6 +80,8 @@ class PoolContext:
     long_context_url: str | None = None
     long_context_deployment: str | None = None
     service_account: str | None = None
+    # Replicas chosen by a rollout (a canary sized to its weight); None: from the spec.
+    replicas: ReplicaPolicy | None = None
 
     @property
     def engine(self) -> str:

@@ -37,7 +37,12 @@ from glm_operator.render.names import (
     dns_name,
     label_value,
 )
-from glm_operator.render.pod import GATEWAY_PORT_NAME, PoolContext, RenderInputError
+from glm_operator.render.pod import (
+    GATEWAY_PORT_NAME,
+    PoolContext,
+    RenderInputError,
+    ReplicaPolicy,
+)
 from glm_operator.render.rbac import (
     build_role,
     build_role_binding,
@@ -74,6 +79,10 @@ class ServiceInputs:
     capabilities: Capabilities
     # Offline rendering (`glm-operator render`) has no uid to point ownerReferences at.
     with_owner_references: bool = True
+    # Set by a rollout: the main pool's replicas (a canary sized to its weight), and whether
+    # the HPA runs yet (not while the rollout owns the new version's size).
+    main_replicas: ReplicaPolicy | None = None
+    with_autoscaler: bool = True
 
 
 def main_service_name(service: str) -> str:
@@ -162,6 +171,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
                           if lc_plan is not None else None),
         long_context_deployment=lc_deployment if lc_plan is not None else None,
         service_account=gateway_sa,
+        replicas=inputs.main_replicas,
     )
     objects = [build_deployment(main, owner)]
     if lc_plan is not None:
@@ -178,7 +188,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
 
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
-    if svc.spec.autoscaling is not None:
+    if svc.spec.autoscaling is not None and inputs.with_autoscaler:
         hpa_labels = {**version_labels, POOL_LABEL: MAIN_POOL}
         objects.append(build_hpa(deployment_name(name, version, MAIN_POOL), namespace,
                                  hpa_labels, owner, deployment_name(name, version, MAIN_POOL),
