@@ -129,3 +129,38 @@ def test_argocd_result_rules(luahealth: Path, tmp_path: Path) -> None:
                  '"generation " .. obj.metadata.generation}',
                  {"status": "Progressing", "message": "generation 2"})
     assert all(r.ok for r in run_tests(luahealth, tree))
+
+
+def _unknown_fields(value: object, schema: dict[str, object], path: str) -> list[str]:
+    """Paths in `value` that the structural schema does not declare (the API server would
+    prune them, so a script reading them would read nothing)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, dict):
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        found = []
+        for key, item in value.items():
+            if isinstance(properties, dict) and key in properties:
+                found += _unknown_fields(item, properties[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                found += _unknown_fields(item, extra, f"{path}.{key}")
+            else:
+                found.append(f"{path}.{key}")
+        return found
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [p for i, item in enumerate(value)
+                for p in _unknown_fields(item, schema["items"], f"{path}[{i}]")]  # type: ignore[arg-type]
+    return []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_testdata_has_only_fields_of_the_crd(kind: str) -> None:
+    crd_file = CUSTOMIZATIONS.parents[2] / "crds" / f"{GROUP}_{kind.lower()}s.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")[
+        "schema"]["openAPIV3Schema"]
+    for path in sorted((CUSTOMIZATIONS / GROUP / kind / "testdata").glob("*.yaml")):
+        obj = yaml.safe_load(path.read_text())
+        body = {k: v for k, v in obj.items() if k in ("spec", "status")}
+        assert _unknown_fields(body, schema, "") == [], path.name
