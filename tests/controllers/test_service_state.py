@@ -158,3 +158,143 @@ def test_unchanged_inputs_give_an_identical_status() -> None:
     svc["status"] = first.status.model_dump(by_alias=True, mode="json", exclude_none=True)
     again = decide(svc, [ready_mv(mv)])
     assert again.status.model_dump(by_alias=True, mode="json", exclude_none=True) == svc["status"]
+
+
+# --- rollouts through decide_service ------------------------------------------------------------
+
+ISTIO = Capabilities(istio=True)
+
+
+def settled_on(svc: dict[str, Any], mv: dict[str, Any],
+               capabilities: Capabilities | None = None) -> tuple[dict[str, Any],
+                                                                  list[dict[str, Any]]]:
+    """svc serving mv: its status as the operator left it, and the live Deployments."""
+    first = decide(svc, [mv], capabilities=capabilities)
+    live = [as_ready(d, d["spec"].get("replicas", 1)) for d in deployments(first.desired)]
+    svc["status"] = dump(decide(svc, [mv], live, capabilities=capabilities))
+    assert svc["status"]["stableModelVersion"] == mv["metadata"]["name"]
+    return svc, live
+
+
+def by_version(objs: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    return [o for o in deployments(objs)
+            if o["metadata"]["labels"]["glm-operator.dev/version"] == version]
+
+
+def weights(objs: list[dict[str, Any]]) -> dict[str, int]:
+    [vs] = [o for o in objs if o["kind"] == "VirtualService"]
+    return {r["destination"]["subset"]: r["weight"] for r in vs["spec"]["http"][-1]["route"]}
+
+
+def test_canary_with_istio_moves_weights_step_by_step_and_rolls_back() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"].update(modelVersion="v1", replicas=4)
+    svc, live = settled_on(svc, v1, ISTIO)
+    svc["spec"]["modelVersion"] = "v2"
+    svc["spec"]["rollout"] = {"strategy": "canary", "steps": [25, 50], "interval": "30s",
+                              "analysis": {"failureThreshold": 1}}
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    start = decide(svc, [v1, v2], live, now=t0, capabilities=ISTIO)
+    [canary] = by_version(start.desired, "v2")
+    assert canary["spec"]["replicas"] == 1  # 25 % of 4
+    assert by_version(start.desired, "v1")[0]["spec"]["replicas"] == 4  # stable untouched
+    assert weights(start.desired) == {"v1": 100, "v2": 0}
+    vs = next(o for o in start.desired if o["kind"] == "VirtualService")
+    assert vs["spec"]["http"][0]["match"] == [{"headers": {"x-glm-version": {"exact": "v1"}}}]
+    dr = next(o for o in start.desired if o["kind"] == "DestinationRule")
+    assert {s["name"] for s in dr["spec"]["subsets"]} == {"v1", "v2"}
+    assert dr["spec"]["trafficPolicy"]["outlierDetection"]["consecutive5xxErrors"] == 3
+
+    svc["status"] = dump(start)
+    live2 = [*live, as_ready(canary, 1)]
+    step1 = decide(svc, [v1, v2], live2, now=t0 + timedelta(seconds=1), capabilities=ISTIO)
+    assert weights(step1.desired) == {"v1": 75, "v2": 25}
+    assert cond(step1, "CanaryProgressing").status == "True"
+    assert cond(step1, "TrafficSplit").reason == "Istio"
+    assert step1.requeue_after == 30
+
+    svc["status"] = dump(step1)
+    bad = AnalysisResult(time=t0, verdict="Failed", message="error rate 40% > 1%",
+                         failed_gates=["error rate 40% > 1%"])
+    rolled = decide(svc, [v1, v2], live2, now=t0 + timedelta(seconds=32), capabilities=ISTIO,
+                    analysis=bad)
+    assert weights(rolled.desired) == {"v1": 100}
+    assert by_version(rolled.desired, "v2") == []
+    canary_cond = cond(rolled, "CanaryProgressing")
+    assert (canary_cond.status, canary_cond.reason) == ("False", "RolledBack")
+    assert "error rate 40% > 1%" in canary_cond.message
+    assert rolled.status.stable_model_version == "v1"
+    assert rolled.status.rollout_history and rolled.status.rollout_history[0].result == "RolledBack"
+    assert ("Warning", "RolledBack") in [e[:2] for e in rolled.events]
+
+
+def test_version_and_context_change_together_never_touch_the_stable_pods() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"]["modelVersion"] = "v1"
+    svc, live = settled_on(svc, v1)
+    before = by_version(decide(svc, [v1], live).desired, "v1")[0]
+
+    svc["spec"]["modelVersion"] = "v2"
+    svc["spec"]["contextLength"] = svc["spec"].get("contextLength", 8192) // 2
+    moving = decide(svc, [v1, v2], live)
+    assert by_version(moving.desired, "v1") == [before]  # same pods, same plan
+    assert moving.status.plan is not None
+    assert moving.status.plan.context_length == svc["spec"]["contextLength"]  # v2's plan
+    new_hash, old_hash = (by_version(moving.desired, v)[0]["spec"]["template"]["metadata"]
+                          ["annotations"]["glm-operator.dev/plan-hash"] for v in ("v2", "v1"))
+    assert new_hash != old_hash
+
+
+def test_stable_model_version_deleted_keeps_its_pods_and_says_so() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"]["modelVersion"] = "v1"
+    svc, live = settled_on(svc, v1)
+    svc["spec"]["modelVersion"] = "v2"
+    moving = decide(svc, [v2], live)  # v1 is gone
+    assert {("Deployment", d["metadata"]["name"]) for d in live} <= moving.retained
+    assert cond(moving, "Degraded").reason == "StableModelVersionMissing"
+    assert cond(moving, "Ready").status == "True"
+    # also when nothing is rolling: the pods of a deleted serving version are never pruned
+    svc["spec"]["modelVersion"] = "v1"
+    alone = decide(svc, [], live)
+    assert {("Deployment", d["metadata"]["name"]) for d in live} <= alone.retained
+
+
+def test_autoscaled_surge_starts_at_the_stable_pools_current_size() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"].pop("replicas", None)
+    svc["spec"].update(modelVersion="v1",
+                       autoscaling={"minReplicas": 1, "maxReplicas": 8,
+                                    "targets": {"queueLength": 2}})
+    svc, live = settled_on(svc, v1)
+    live = [dict(d, spec={**d["spec"], "replicas": 5}) for d in live]  # the HPA scaled it
+    svc["spec"]["modelVersion"] = "v2"
+    moving = decide(svc, [v1, v2], live)
+    [new] = by_version(moving.desired, "v2")
+    assert new["spec"]["replicas"] == 5
+    hpas = [o for o in moving.desired if o["kind"] == "HorizontalPodAutoscaler"]
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas] == [
+        by_version(moving.desired, "v1")[0]["metadata"]["name"]]
+
+
+def test_without_istio_the_split_is_by_ready_pods_and_a_condition_says_so() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"].update(modelVersion="v1", replicas=3)
+    svc, live = settled_on(svc, v1)
+    svc["spec"]["modelVersion"] = "v2"
+    svc["spec"]["rollout"] = {"strategy": "canary", "steps": [10]}
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    start = decide(svc, [v1, v2], live, now=t0)
+    assert not [o for o in start.desired if o["kind"] == "VirtualService"]
+    svc["status"] = dump(start)
+    live2 = [*live, as_ready(by_version(start.desired, "v2")[0], 1)]
+    step = decide(svc, [v1, v2], live2, now=t0 + timedelta(seconds=1))
+    split = cond(step, "TrafficSplit")
+    assert (split.status, split.reason) == ("False", "ReplicaRatio")
+    assert "1 of 4 (25%)" in split.message
