@@ -1,0 +1,87 @@
+{{/*
+The operator's permissions, listed once. Derived from the code (docs/install.md has the
+table): what the kopf handlers and indexes watch (controllers/handlers.py), what kube/client.py
+writes (server-side apply = patch, create, delete), what kopf itself needs, and what the
+operator hands out in the Roles it renders (render/rbac.py): Kubernetes lets it grant only
+what it holds, so those verbs are here too. tests/chart pins every rule; no wildcards.
+Nothing on Secrets: the operator never reads one (API-key and credential Secrets are mounted
+into the model and fetch pods by name).
+*/}}
+
+{{/* In every watched namespace (a ClusterRole when cluster-wide). */}}
+{{- define "glm-operator.rules.namespaced" -}}
+# GLMServices: watched (kopf index and handlers), annotated by kopf's bookkeeping.
+- apiGroups: [serving.glm-operator.dev]
+  resources: [glmservices]
+  verbs: [list, watch, patch]
+- apiGroups: [serving.glm-operator.dev]
+  resources: [glmservices/status]
+  verbs: [patch]
+# ModelVersions: as GLMServices; get is handed to the fetch Job's Role.
+- apiGroups: [serving.glm-operator.dev]
+  resources: [modelversions]
+  verbs: [get, list, watch, patch]
+# The operator patches status; the fetch Job's Role gets get, patch and update.
+- apiGroups: [serving.glm-operator.dev]
+  resources: [modelversions/status]
+  verbs: [get, patch, update]
+# The children of GLMServices and ModelVersions: indexed (list, watch), applied (patch;
+# create for the first replicas of autoscaled pools), pruned (delete).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
+# Handed to the gateway's Role (it wakes its long-context pool).
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch, update]
+- apiGroups: [""]
+  resources: [services, serviceaccounts, persistentvolumeclaims]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [servicemonitors]
+  verbs: [list, watch, create, patch, delete]
+# Canary traffic split (when Istio is installed).
+- apiGroups: [networking.istio.io]
+  resources: [virtualservices, destinationrules]
+  verbs: [get, list, watch, create, patch, delete]
+# Events on GLMServices and ModelVersions (kopf posts them; repeats are patched).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* Cluster-scoped reads, in every mode. */}}
+{{- define "glm-operator.rules.cluster" -}}
+# kopf follows CRDs (list, watch) to start watching kinds installed later; the operator
+# reads the Istio and ServiceMonitor CRDs' state (get).
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- if include "glm-operator.globbedNamespaces" . }}
+# Namespace globs: kopf lists and watches namespaces to match them.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- end -}}
+
+{{/* In the release namespace: the leader-election Lease, and only that one. */}}
+{{- define "glm-operator.rules.leaderElection" -}}
+# create cannot be limited to a name (the name is not known when it is authorized).
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "glm-operator.leaseName" . | quote }}]
+  verbs: [get, patch]
+{{- end -}}
