@@ -45,7 +45,8 @@ def glm_crds(kubectl: Kubectl) -> list[str]:
 
 
 class OperatorProcess:
-    def __init__(self, kubectl: Kubectl, namespaces: tuple[str, ...] = ("e2e-*",)) -> None:
+    def __init__(self, kubectl: Kubectl, namespaces: tuple[str, ...] = ("e2e-*",),
+                 extra_args: tuple[str, ...] = ()) -> None:
         # Scoped by namespace glob so the tests, the benchmark and the demo can each run an
         # operator on the shared local cluster without two of them managing one object.
         self.metrics_port = free_port()
@@ -59,7 +60,7 @@ class OperatorProcess:
              *(arg for ns in namespaces for arg in ("--namespace", ns)),
              "--kubeconfig", str(kubectl.kubeconfig),
              "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
-             "--metrics-port", str(self.metrics_port)],
+             "--metrics-port", str(self.metrics_port), *extra_args],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
         )
 
@@ -91,6 +92,11 @@ class OperatorProcess:
     def tail(self, lines: int = 80) -> str:
         text = Path(self.log.name).read_text(errors="replace")
         return "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies or the OOM killer strikes."""
+        self.proc.kill()
+        self.proc.wait()
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -1,0 +1,425 @@
+"""Version rollouts on the local control plane, judged by a real Prometheus.
+
+The operator runs as `glm-operator run` with a config that points canary analysis at a real
+Prometheus. That Prometheus scrapes stand-ins for the stable and canary gateways: the
+gateway's own metrics class, fed with the error rate and latency each test chooses (kwok
+pods run no containers, so the real gateway cannot run in them). Everything else is real:
+the Istio CRDs the VirtualService and DestinationRule are validated against, the
+Deployment and ReplicaSet controllers, the scheduler and the garbage collector.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from glm_operator.controllers.rollout import size_for_weight
+
+from e2e.gateway_standin import GatewayStandIn, gateway_standins
+from e2e.kubectl import Kubectl, wait_for
+from e2e.operator_fixtures import OperatorProcess, glm_crds, report_fetched
+from e2e.prometheus import PrometheusServer, prometheus
+from e2e.test_operator import CPU_MV, CPU_SVC, condition
+
+__all__ = ["gateway_standins", "glm_crds", "prometheus"]  # fixtures used by name
+
+Wait = Callable[..., Any]
+SERVICE = "chat"
+VERSION_LABEL = "glm-operator.dev/version"
+# A namespace prefix no other operator of the test session watches.
+PREFIX = "canary-"
+
+
+class RestartableOperator:
+    """The operator of this module, killable and restartable with the same config."""
+
+    def __init__(self, kubectl: Kubectl, prometheus_url: str) -> None:
+        self.kubectl = kubectl
+        config = {"prometheus": {"url": prometheus_url, "timeoutSeconds": 5},
+                  "rollout": {"drainSeconds": 2}, "capabilityRecheckSeconds": 2}
+        self.config = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives with the module)
+            "w", prefix="glm-operator-canary-", suffix=".yaml", delete=False)
+        self.config.write(yaml.safe_dump(config))
+        self.config.close()
+        self.process = self._start()
+
+    def _start(self) -> OperatorProcess:
+        process = OperatorProcess(self.kubectl, namespaces=(f"{PREFIX}*",),
+                                  extra_args=("--config", self.config.name))
+        wait_for(process.alive, timeout=60, what="glm-operator liveness endpoint")
+        return process
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def restart(self) -> None:
+        self.process = self._start()
+
+
+@pytest.fixture(scope="module")
+def canary_operator(glm_crds: list[str], kubectl: Kubectl,
+                    prometheus: PrometheusServer) -> Iterator[RestartableOperator]:
+    operator = RestartableOperator(kubectl, prometheus.url)
+    try:
+        yield operator
+    finally:
+        operator.process.stop()
+        Path(operator.config.name).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def ns(request: pytest.FixtureRequest, kubectl: Kubectl,
+       canary_operator: RestartableOperator) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:30].strip("-")
+    name = f"{PREFIX}{slug}-{uuid.uuid4().hex[:5]}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
+             what=f"ServiceAccount default in {name}")
+    yield name
+    report = getattr(request.node, "_e2e_report_call", None)
+    if report is not None and report.failed:
+        print(f"\n--- operator log ---\n{canary_operator.process.tail(120)}")
+        print(json.dumps(glms_or_none(kubectl, name), indent=1)[:6000])
+    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+
+def glms_or_none(kubectl: Kubectl, ns: str) -> dict[str, Any] | None:
+    found = kubectl.items("glmservices", "-n", ns)
+    return found[0] if found else None
+
+
+def glms(kubectl: Kubectl, ns: str) -> dict[str, Any]:
+    return kubectl.get_json("glmservice", SERVICE, "-n", ns)
+
+
+def model_version(name: str) -> dict[str, Any]:
+    mv = json.loads(json.dumps(CPU_MV))
+    mv["metadata"]["name"] = name
+    return mv
+
+
+def fetched(kubectl: Kubectl, ns: str, name: str) -> None:
+    kubectl.apply(model_version(name), namespace=ns)
+    selector = f"glm-operator.dev/model-version={name}"
+    wait_for(lambda: kubectl.items("jobs", "-n", ns, "-l", selector), timeout=60,
+             what=f"the fetch Job of {name}")
+    report_fetched(kubectl, ns, name)
+
+
+def service(version: str, **spec: Any) -> dict[str, Any]:
+    svc = json.loads(json.dumps(CPU_SVC))
+    svc["metadata"]["name"] = SERVICE
+    svc["spec"]["modelVersion"] = version
+    svc["spec"].update(spec)
+    return svc
+
+
+def serve(kubectl: Kubectl, ns: str, version: str, **spec: Any) -> dict[str, Any]:
+    """`version` fetched and served, Ready and stable."""
+    fetched(kubectl, ns, version)
+    svc = service(version, **spec)
+    kubectl.apply(svc, namespace=ns)
+    wait_for(lambda: glms(kubectl, ns).get("status", {}).get("stableModelVersion") == version,
+             timeout=90, what=f"{version} stable")
+    return svc
+
+
+def roll_to(kubectl: Kubectl, ns: str, svc: dict[str, Any], version: str,
+            **changes: Any) -> None:
+    svc["spec"]["modelVersion"] = version
+    svc["spec"].update(changes)
+    kubectl.apply(svc, namespace=ns)
+
+
+def deployment(kubectl: Kubectl, ns: str, version: str) -> dict[str, Any] | None:
+    found = kubectl.items("deployments", "-n", ns, "-l",
+                          f"{VERSION_LABEL}={version},glm-operator.dev/pool=main")
+    return found[0] if found else None
+
+
+def live(kubectl: Kubectl, ns: str, version: str) -> dict[str, Any]:
+    found = deployment(kubectl, ns, version)
+    assert found is not None, f"no Deployment of {version}"
+    return found
+
+
+def vs_weights(kubectl: Kubectl, ns: str) -> dict[str, int] | None:
+    found = kubectl.items("virtualservices.networking.istio.io", "-n", ns)
+    if not found:
+        return None
+    route = found[0]["spec"]["http"][-1]["route"]
+    return {r["destination"]["subset"]: r["weight"] for r in route}
+
+
+def rollout(kubectl: Kubectl, ns: str) -> dict[str, Any]:
+    return glms(kubectl, ns).get("status", {}).get("rollout") or {}
+
+
+def standins(make: Callable[..., GatewayStandIn], ns: str) -> tuple[GatewayStandIn,
+                                                                      GatewayStandIn]:
+    return make(ns, SERVICE, "v1"), make(ns, SERVICE, "v2")
+
+
+CANARY = {"strategy": "canary", "steps": [20, 50], "interval": "6s",
+          "analysis": {"minRequestCount": 5, "failureThreshold": 2,
+                       "maxErrorRatePercent": 5, "maxLatencyP99Ms": 500}}
+
+
+def test_a_healthy_canary_walks_the_steps_and_promotes(
+        kubectl: Kubectl, ns: str, gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(10)
+    canary_gw.set_traffic(10, latency_seconds=0.05)
+    svc = serve(kubectl, ns, "v1", replicas=4, rollout=CANARY)
+    assert vs_weights(kubectl, ns) == {"v1": 100}
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+
+    seen: list[int] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        weights = vs_weights(kubectl, ns) or {}
+        canary, stable = deployment(kubectl, ns, "v2"), deployment(kubectl, ns, "v1")
+        w = weights.get("v2", 0)
+        if not seen or seen[-1] != w:
+            seen.append(w)
+        if 0 < w < 100:
+            # the canary got traffic only once it had the pods for it
+            assert canary is not None
+            assert canary["status"].get("readyReplicas", 0) >= size_for_weight(4, w)
+            assert canary["spec"]["replicas"] < 4  # never a full second stack early
+        if stable is not None:
+            assert stable["spec"]["replicas"] == 4  # the stable pool is never reduced
+        else:
+            assert weights == {"v2": 100}  # the old pool went only after traffic left it
+        if glms(kubectl, ns)["status"].get("stableModelVersion") == "v2" and stable is None:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"no promotion in 120s; weights seen {seen}; rollout {rollout(kubectl, ns)}")
+    assert [w for w in seen if w] == [20, 50, 100], seen
+    status = glms(kubectl, ns)["status"]
+    assert status["rollout"]["phase"] == "Succeeded"
+    assert status["rolloutHistory"][0]["result"] == "Succeeded"
+    analysis = status["rollout"]["lastAnalysis"]
+    assert analysis["verdict"] == "Passed" and analysis["requestCount"] >= 5
+    assert analysis["errorRatePercent"] == 0
+    assert condition(glms(kubectl, ns), "CanaryProgressing")["reason"] == "Succeeded"
+    assert vs_weights(kubectl, ns) == {"v2": 100}
+
+
+def test_a_failing_canary_rolls_back_after_the_threshold(
+        kubectl: Kubectl, ns: str, gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(10)
+    canary_gw.set_traffic(10, error_ratio=0.5, client_error_ratio=0.2)
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=CANARY)
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: vs_weights(kubectl, ns) == {"v1": 80, "v2": 20}, timeout=60,
+             what="the first canary step")
+    cond = wait_for(lambda: (c := condition(glms(kubectl, ns), "CanaryProgressing"))
+                    and c["reason"] == "RolledBack" and c, timeout=60, what="the rollback")
+    assert cond["status"] == "False"
+    assert vs_weights(kubectl, ns) == {"v1": 100}
+    wait_for(lambda: deployment(kubectl, ns, "v2") is None, timeout=30,
+             what="the canary pool removed")
+    status = glms(kubectl, ns)["status"]
+    assert status["stableModelVersion"] == "v1"
+    assert status["rollout"]["phase"] == "RolledBack"
+    assert status["rollout"]["failedChecks"] == 2
+    last = status["rollout"]["lastAnalysis"]
+    # 429s and 401s are the client's: only the 5xx count, half of the canary's requests
+    assert 30 <= last["errorRatePercent"] <= 70, last
+    assert any("error rate" in gate for gate in last["failedGates"])
+    assert condition(glms(kubectl, ns), "Ready")["status"] == "True"
+    events = kubectl.items("events", "-n", ns, "--field-selector", "reason=RolledBack")
+    assert events and events[0]["type"] == "Warning"
+    assert live(kubectl, ns, "v1")["spec"]["replicas"] == 2
+
+
+def test_no_traffic_holds_the_step_without_failing(
+        kubectl: Kubectl, ns: str, gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    standins(gateway_standins, ns)  # scraped, but nobody sends requests
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=CANARY)
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: condition(glms(kubectl, ns), "CanaryProgressing")
+             and condition(glms(kubectl, ns), "CanaryProgressing")["reason"]
+             == "InsufficientTraffic", timeout=60, what="InsufficientTraffic")
+    time.sleep(13)  # two more intervals
+    state = rollout(kubectl, ns)
+    assert (state["step"], state["weight"], state["failedChecks"]) == (1, 20, 0)
+    assert state["phase"] == "Progressing"
+    assert vs_weights(kubectl, ns) == {"v1": 80, "v2": 20}
+
+
+def test_the_operator_killed_mid_rollout_resumes_at_the_same_step(
+        kubectl: Kubectl, ns: str, canary_operator: RestartableOperator,
+        gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(10)
+    canary_gw.set_traffic(10)
+    slow = {**CANARY, "steps": [20, 40, 60], "interval": "8s"}
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=slow)
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: rollout(kubectl, ns).get("weight") == 40, timeout=60, what="step 2")
+    canary_operator.kill()
+    before = rollout(kubectl, ns)
+    time.sleep(3)
+    assert vs_weights(kubectl, ns) == {"v1": 60, "v2": 40}
+    canary_operator.restart()
+    seen = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        state = rollout(kubectl, ns)
+        seen.append(state.get("step"))
+        if state.get("phase") == "Succeeded":
+            break
+        time.sleep(0.5)
+    assert min(s for s in seen if s) >= before["step"] == 2, seen
+    assert glms(kubectl, ns)["status"]["stableModelVersion"] == "v2"
+    assert glms(kubectl, ns)["status"]["rolloutHistory"][0]["result"] == "Succeeded"
+
+
+def test_abort_and_promote_annotations(
+        kubectl: Kubectl, ns: str, gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    standins(gateway_standins, ns)
+    slow = {**CANARY, "interval": "10m"}
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=slow)
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: rollout(kubectl, ns).get("weight") == 20, timeout=60, what="step 1")
+    kubectl("annotate", "glmservice", SERVICE, "-n", ns, "glm-operator.dev/abort=v2")
+    wait_for(lambda: rollout(kubectl, ns).get("phase") == "Aborted", timeout=30,
+             what="Aborted")
+    assert vs_weights(kubectl, ns) == {"v1": 100}
+    wait_for(lambda: deployment(kubectl, ns, "v2") is None, timeout=30, what="canary removed")
+
+    # a new version: the stale abort annotation names v2, so it does not touch v3
+    fetched(kubectl, ns, "v3")
+    roll_to(kubectl, ns, svc, "v3")
+    wait_for(lambda: rollout(kubectl, ns).get("weight") == 20
+             and rollout(kubectl, ns).get("modelVersion") == "v3", timeout=60,
+             what="v3 at step 1")
+    kubectl("annotate", "glmservice", SERVICE, "-n", ns, "glm-operator.dev/promote=v3")
+    wait_for(lambda: glms(kubectl, ns)["status"].get("stableModelVersion") == "v3",
+             timeout=60, what="v3 promoted")
+    history = [(r["modelVersion"], r["result"])
+               for r in glms(kubectl, ns)["status"]["rolloutHistory"]]
+    assert history[:2] == [("v3", "Succeeded"), ("v2", "Aborted")]
+    wait_for(lambda: deployment(kubectl, ns, "v1") is None, timeout=30, what="v1 removed")
+
+
+def test_version_and_context_change_together_never_restart_the_stable_pods(
+        kubectl: Kubectl, ns: str) -> None:
+    svc = serve(kubectl, ns, "v1", replicas=2, contextLength=4096)
+    pods_before = {p["metadata"]["uid"] for p in kubectl.items(
+        "pods", "-n", ns, "-l", f"{VERSION_LABEL}=v1")}
+    stable_before = deployment(kubectl, ns, "v1")
+    assert stable_before is not None and len(pods_before) == 2
+    roll_to(kubectl, ns, svc, "v2", contextLength=2048)  # v2 not fetched yet: stays waiting
+    wait_for(lambda: rollout(kubectl, ns).get("modelVersion") == "v2", timeout=30,
+             what="the rollout to start")
+    time.sleep(3)
+    stable_now = deployment(kubectl, ns, "v1")
+    assert stable_now is not None
+    assert stable_now["metadata"]["generation"] == stable_before["metadata"]["generation"]
+    assert {p["metadata"]["uid"] for p in kubectl.items(
+        "pods", "-n", ns, "-l", f"{VERSION_LABEL}=v1")} == pods_before
+    fetched(kubectl, ns, "v2")
+    wait_for(lambda: glms(kubectl, ns)["status"].get("stableModelVersion") == "v2",
+             timeout=60, what="v2 stable")
+    assert glms(kubectl, ns)["status"]["stableSpec"]["contextLength"] == 2048
+
+
+def test_an_autoscaled_service_keeps_its_capacity_through_a_surge(
+        kubectl: Kubectl, ns: str) -> None:
+    autoscaling = {"minReplicas": 1, "maxReplicas": 6, "targets": {"queueLength": 2}}
+    svc = serve(kubectl, ns, "v1", autoscaling=autoscaling)
+    svc["spec"].pop("replicas", None)
+    stable = deployment(kubectl, ns, "v1")
+    assert stable is not None
+    kubectl("scale", "deployment", stable["metadata"]["name"], "-n", ns, "--replicas=3")
+    wait_for(lambda: live(kubectl, ns, "v1")["status"].get("readyReplicas") == 3,
+             timeout=30, what="3 stable pods")
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    new = wait_for(lambda: deployment(kubectl, ns, "v2"), timeout=30, what="the v2 pool")
+    assert new["spec"]["replicas"] == 3  # starts at the stable pool's current size
+    while deployment(kubectl, ns, "v1") is not None:
+        ready = sum((deployment(kubectl, ns, v) or {}).get("status", {}).get("readyReplicas", 0)
+                    for v in ("v1", "v2"))
+        assert ready >= 3  # never below the capacity it had
+        time.sleep(0.3)
+    time.sleep(2)
+    after = deployment(kubectl, ns, "v2")
+    assert after is not None and after["spec"]["replicas"] == 3  # the HPA's handover kept it
+    hpas = kubectl.items("horizontalpodautoscalers", "-n", ns)
+    assert [h["spec"]["scaleTargetRef"]["name"] for h in hpas] == [after["metadata"]["name"]]
+
+
+def test_a_target_whose_fetch_fails_ends_at_the_deadline_with_stable_serving(
+        kubectl: Kubectl, ns: str) -> None:
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout={"progressDeadline": "15s"})
+    kubectl.apply(model_version("v2"), namespace=ns)  # never fetched
+    roll_to(kubectl, ns, svc, "v2")
+    cond = wait_for(lambda: (c := condition(glms(kubectl, ns), "Progressing"))
+                    and c["status"] == "False" and c, timeout=60, what="Progressing=False")
+    assert cond["reason"] == "ProgressDeadlineExceeded"
+    assert "v2" in cond["message"]
+    status = glms(kubectl, ns)["status"]
+    assert status["stableModelVersion"] == "v1" and status["rollout"]["phase"] == "Failed"
+    assert condition(glms(kubectl, ns), "Ready")["status"] == "True"
+    assert live(kubectl, ns, "v1")["status"]["readyReplicas"] == 2
+
+
+ISTIO_ROUTING_CRDS = ("virtualservices.networking.istio.io",
+                      "destinationrules.networking.istio.io")
+
+
+@pytest.fixture
+def without_istio(kubectl: Kubectl) -> Iterator[None]:
+    """Istio's routing CRDs removed for one test, and put back (Established) afterwards."""
+    try:
+        kubectl("delete", "crd", *ISTIO_ROUTING_CRDS, "--wait=true", "--timeout=60s")
+        yield
+    finally:
+        from e2e.cluster import install_crds
+
+        install_crds(kubectl)
+
+
+def test_without_istio_the_split_follows_ready_pods_and_says_so(
+        kubectl: Kubectl, ns: str, without_istio: None,
+        gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(5)
+    canary_gw.set_traffic(5)
+    # The operator looks for the CRDs again every 2 s here (capabilityRecheckSeconds).
+    svc = serve(kubectl, ns, "v1", replicas=3, rollout={**CANARY, "interval": "10m"})
+    split = wait_for(lambda: (c := condition(glms(kubectl, ns), "TrafficSplit"))
+                     and c["reason"] == "ReplicaRatio" and c, timeout=30,
+                     what="TrafficSplit=False ReplicaRatio")
+    assert split["status"] == "False"
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: rollout(kubectl, ns).get("weight") == 20, timeout=60, what="step 1")
+    split = wait_for(lambda: (c := condition(glms(kubectl, ns), "TrafficSplit"))
+                     and "approximate" in c["message"] and c, timeout=30,
+                     what="the ratio in the condition")
+    assert "1 of 4 (25%)" in split["message"], split
+    # both versions' pods sit behind the one Service: the ratio is the split
+    selector = kubectl.get_json("service", SERVICE, "-n", ns)["spec"]["selector"]
+    assert VERSION_LABEL not in selector
+    assert live(kubectl, ns, "v1")["spec"]["replicas"] == 3
+    assert live(kubectl, ns, "v2")["spec"]["replicas"] == 1
