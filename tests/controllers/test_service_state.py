@@ -298,3 +298,20 @@ def test_without_istio_the_split_is_by_ready_pods_and_a_condition_says_so() -> N
     split = cond(step, "TrafficSplit")
     assert (split.status, split.reason) == ("False", "ReplicaRatio")
     assert "1 of 4 (25%)" in split.message
+
+
+def test_going_back_to_the_stable_version_ends_the_canary_as_superseded() -> None:
+    mv, svc = load("cpu-llamacpp")
+    v1, v2 = ready_mv(mv, "v1"), ready_mv(mv, "v2")
+    svc["spec"].update(modelVersion="v1", replicas=2)
+    svc, live = settled_on(svc, v1, ISTIO)
+    svc["spec"]["modelVersion"] = "v2"
+    svc["spec"]["rollout"] = {"strategy": "canary"}
+    svc["status"] = dump(decide(svc, [v1, v2], live, capabilities=ISTIO))
+    svc["spec"]["modelVersion"] = "v1"
+    back = decide(svc, [v1, v2], live, capabilities=ISTIO)
+    assert back.status.rollout is None
+    assert back.status.rollout_history and back.status.rollout_history[0].result == "Superseded"
+    assert (cond(back, "CanaryProgressing").status, cond(back, "CanaryProgressing").reason) == (
+        "False", "Superseded")
+    assert by_version(back.desired, "v2") == [] and weights(back.desired) == {"v1": 100}

@@ -262,7 +262,8 @@ def decide_service(
 
     wanted_version = service.spec.model_version
     stable = previous.stable_model_version
-    stable_service = _stable_service(service, previous.stable_spec)
+    rolling = bool(stable) and stable != wanted_version
+    stable_service = _stable_service(service, previous.stable_spec) if rolling else service
     target = _plan_version(service, wanted_version, model_versions, profiles)
     old = (_plan_version(stable_service, stable, model_versions, profiles)
            if stable and stable != wanted_version else None)
@@ -289,6 +290,8 @@ def decide_service(
         if record is not None:
             history.insert(0, record)
             rollout_status = None
+            if record.strategy == "canary":
+                condition(C.CANARY_PROGRESSING, False, "Superseded", str(record.message))
     else:
         if rollout_status is not None and (rollout_status.model_version != wanted_version
                                            or rollout_status.from_model_version != stable):
@@ -386,7 +389,7 @@ def decide_service(
     if decision is not None and decision.status.strategy == "canary":
         condition(C.CANARY_PROGRESSING, *_canary_condition(decision.status))
 
-    rolling = decision is not None and decision.status.phase not in FINISHED_PHASES
+    in_flight = decision is not None and decision.status.phase not in FINISHED_PHASES
     if ready > 0 and new_stable is not None:
         condition(C.READY, True, "Serving", f"{ready}/{replicas} pods ready, serving {new_stable}")
         if stable_missing:
@@ -395,7 +398,7 @@ def decide_service(
                       "invalid): its pods keep running as they are and cannot be re-created "
                       "or changed; restore it, or roll out another version")
         else:
-            degraded = ready < max(wanted_replicas, 1) and not rolling
+            degraded = ready < max(wanted_replicas, 1) and not in_flight
             condition(C.DEGRADED, degraded, "ReplicasUnavailable" if degraded else "AsPlanned",
                       f"{ready} of {max(wanted_replicas, 1)} pods ready")
     else:
