@@ -64,3 +64,14 @@ def test_scalars_compare_by_value_not_type_mixing_bools() -> None:
     assert holds_intent(1, 1.0)
     assert not holds_intent(True, 1)
     assert not holds_intent("1", 1)
+
+
+def test_merge_patch_removes_what_is_gone_and_sets_what_changed() -> None:
+    from glm_operator.controllers.drift import merge_patch
+
+    old = {"rollout": {"phase": "Progressing", "weight": 10}, "plan": {"a": 1, "b": 2},
+           "replicas": 2}
+    new = {"plan": {"a": 1, "c": 3}, "replicas": 3}
+    assert merge_patch(old, new) == {"rollout": None, "plan": {"b": None, "c": 3},
+                                     "replicas": 3}
+    assert merge_patch(new, new) == {}

@@ -48,3 +48,18 @@ def object_holds_intent(desired: Mapping[str, Any], live: Mapping[str, Any] | No
         elif not holds_intent(value, live.get(key)):
             return False
     return True
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: removed keys become
+    null, so a field the operator stops reporting (a finished rollout) really goes."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch

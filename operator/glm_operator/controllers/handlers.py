@@ -23,7 +23,7 @@ from glm_operator.analysis.prometheus import PrometheusError, query_scalar
 from glm_operator.api import AnalysisResult, GLMService, GLMServiceStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
-from glm_operator.controllers.drift import object_holds_intent
+from glm_operator.controllers.drift import merge_patch, object_holds_intent
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
 from glm_operator.controllers.rollout import analysis_window, gates
@@ -314,7 +314,7 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
             old_status = GLMServiceStatus.model_validate(body.get("status") or {}).model_dump(
                 by_alias=True, mode="json", exclude_none=True)
             if new_status != old_status:
-                _write_status(rt.kube, body, new_status)
+                _write_status(rt.kube, body, new_status, merge_patch(old_status, new_status))
                 _count_status_change(old_status, new_status)
             _emit(rt.kube, body, decision.events)
             if rt.wakeups is not None:
@@ -333,14 +333,14 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         metrics.RECONCILES.labels("GLMService", "ok").inc()
 
 
-def _write_status(kube: KubeClient, body: Obj, status: Obj) -> None:
+def _write_status(kube: KubeClient, body: Obj, status: Obj, patch: Obj) -> None:
     """Status patch guarded by the resourceVersion it was decided from: rollout state must
     never be written from a stale read (409: a fresh event, or the retry, decides again)."""
     meta = body["metadata"]
     base = meta["resourceVersion"]
     written = kube.patch_merge(
         f"{GROUP}/{VERSION}", "GLMService", meta["namespace"], meta["name"],
-        {"metadata": {"resourceVersion": base}, "status": status}, "status")
+        {"metadata": {"resourceVersion": base}, "status": patch}, "status")
     produced = written.get("metadata", {}).get("resourceVersion")
     if produced:
         with _written_lock:
