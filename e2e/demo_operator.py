@@ -10,7 +10,9 @@
    the GLMService turns Ready; `kubectl get glms,mv -o wide` and the plan are printed;
 5. the engine and gateway containers are played by real processes started with the argv
    the operator rendered into the Deployment, and one chat request goes through the gateway
-   to llama-server; the gateway's metrics for it are shown.
+   to llama-server; the gateway's metrics for it are shown;
+6. a canary to a second ModelVersion walks its steps, judged by a real Prometheus that
+   scrapes stand-ins for the two versions' gateways, and is promoted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from e2e import cluster, toolchain
+from e2e import cluster, demo_canary, toolchain
 from e2e.kubectl import Kubectl, wait_for
 from e2e.llama import LlamaServer, free_port, http_json
 from e2e.models import TinyLlamaSpec, write_tiny_llama
@@ -57,10 +59,10 @@ def manifests(sha256: str) -> list[dict[str, Any]]:
     ]
 
 
-def play_fetch_job(kubectl: Kubectl, workdir: Path) -> None:
+def play_fetch_job(kubectl: Kubectl, workdir: Path, model_version: str = MODEL_VERSION) -> None:
     """Run the fetch Job's container command here, as its ServiceAccount."""
     job = wait_for(lambda: kubectl.items("jobs", "-n", NAMESPACE, "-l",
-                                         f"glm-operator.dev/model-version={MODEL_VERSION}"),
+                                         f"glm-operator.dev/model-version={model_version}"),
                    timeout=60, what="the operator's fetch Job")[0]
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -158,7 +160,9 @@ def run(kubectl: Kubectl) -> int:
     kubectl.apply_files(CRDS, field_manager="glm-demo")
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true",
             "--timeout=120s")
-    operator = OperatorProcess(kubectl, namespaces=(NAMESPACE,))
+    prometheus = demo_canary.start_prometheus()
+    operator = OperatorProcess(kubectl, namespaces=(NAMESPACE,),
+                               extra_args=demo_canary.operator_args(workdir, prometheus))
     try:
         wait_for(operator.alive, timeout=60, what="operator liveness")
         print(f"  operator running (pid {operator.proc.pid}, log {operator.log.name})")
@@ -185,8 +189,16 @@ def run(kubectl: Kubectl) -> int:
         cached = workdir / "cache" / mv["status"].get("cache", {}).get("path", MODEL_FILE)
         heading("The rendered pod, played by real processes")
         serve_one_request(kubectl, workdir, cached)
+
+        if prometheus is not None:
+            heading("A canary to a new ModelVersion, judged by a real Prometheus")
+            demo_canary.run(kubectl, prometheus, NAMESPACE, SERVICE,
+                            lambda name: play_fetch_job(kubectl, workdir, name),
+                            manifests(sha256)[1])
     finally:
         operator.stop()
+        if prometheus is not None:
+            prometheus.stop()
     print(f"\nThe cluster stays up: export KUBECONFIG={kubectl.kubeconfig}; "
           f"kubectl get glms -n {NAMESPACE}. Stop it with `make cluster-down`.")
     return 0
