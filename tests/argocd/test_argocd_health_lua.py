@@ -8,8 +8,6 @@ controller (standard libraries closed). Both must give exactly the expected stat
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,18 +17,13 @@ from e2e.luahealth import (
     ARGOCD_CM,
     CUSTOMIZATIONS,
     CaseResult,
-    LuaHealthBuildError,
-    build,
+    build_for_tests,
     run_tests,
 )
 
 GROUP = "serving.glm-operator.dev"
 KINDS = ("GLMService", "ModelVersion")
 MODES = ("argocd-test", "argocd-cm")
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _declared_cases() -> list[str]:
@@ -43,12 +36,7 @@ def _declared_cases() -> list[str]:
 
 @pytest.fixture(scope="module")
 def luahealth() -> Path:
-    try:
-        return build()
-    except LuaHealthBuildError as exc:
-        if shutil.which("go") is None and not _in_ci():
-            pytest.skip(str(exc))
-        pytest.fail(str(exc), pytrace=False)
+    return build_for_tests()
 
 
 @pytest.fixture(scope="module")
