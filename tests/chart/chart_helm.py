@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "glm-operator"
 
 Obj = dict[str, Any]
+KUBE_VERSION = toolchain.versions()["kubernetes"]
 
 
 class HelmError(RuntimeError):
@@ -43,7 +44,10 @@ class Helm:
 
     def template(self, values: Mapping[str, Any] | None = None, *, release: str = "glm",
                  namespace: str = "glm-system", chart: Path = CHART) -> list[Obj]:
-        args = ["template", release, str(chart), "--namespace", namespace]
+        # The Kubernetes version of the local control plane: helm built from its Go module
+        # assumes v1.20 otherwise, below the chart's kubeVersion.
+        args = ["template", release, str(chart), "--namespace", namespace,
+                "--kube-version", KUBE_VERSION]
         if values:
             args += ["--values", "-"]
         result = self.run(*args, input=yaml.safe_dump(dict(values)) if values else None)
