@@ -209,7 +209,7 @@ def test_canary_progressing_paused_aborted_then_reverted(
 
     kubectl.apply(canary, namespace=namespace)
     kubectl("annotate", "glmservice", name, "-n", namespace,
-            f"glm-operator.dev/abort={target}")
+            f"rollout.glm-operator.dev/abort={target}")
     obj = wait_for(reconciled(kubectl, namespace, name, rollout_phase("Aborted")),
                    timeout=60, what="the rollout Aborted")
     health.expect(obj, "Degraded", "aborted", stable)

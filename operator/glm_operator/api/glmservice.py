@@ -35,9 +35,10 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_CANARY_STEPS: tuple[int, ...] = (10, 25, 50)
 # One-shot rollout commands. Annotations, not spec fields: they are actions on one rollout,
 # not desired state. Each names the ModelVersion it acts on, so a stale one (left in git or
-# on the object after that rollout ended) never acts on the next rollout.
-PROMOTE_ANNOTATION = "glm-operator.dev/promote"
-ABORT_ANNOTATION = "glm-operator.dev/abort"
+# on the object after that rollout ended) never acts on the next rollout. Their prefix is not
+# glm-operator.dev/: kopf ignores changes to annotations under its own storage prefix.
+PROMOTE_ANNOTATION = "rollout.glm-operator.dev/promote"
+ABORT_ANNOTATION = "rollout.glm-operator.dev/abort"
 CPU_PROFILE = "cpu"
 
 # Flags the operator derives from the plan or owns for wiring (llama-server and vLLM).
@@ -388,7 +389,7 @@ class Rollout(SpecModel):
         default=False,
         description="Hold the rollout where it is: weights, replicas and analysis stay. "
         "Promote and abort are annotations naming the version: "
-        "glm-operator.dev/promote and glm-operator.dev/abort.",
+        "rollout.glm-operator.dev/promote and rollout.glm-operator.dev/abort.",
     )
     progress_deadline: Duration | None = Field(
         default=None,

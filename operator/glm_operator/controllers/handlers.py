@@ -375,7 +375,7 @@ def _canary_analysis(config: OperatorConfig, body: Obj, now: datetime) -> Analys
     if not url:
         return unavailable("no Prometheus to analyse the canary: set prometheus.url in the "
                            "operator config (helm value prometheus.url); promote with the "
-                           "glm-operator.dev/promote annotation meanwhile", window, now)
+                           "rollout.glm-operator.dev/promote annotation meanwhile", window, now)
     queries = canary_queries(service.metadata.namespace or "", service.metadata.name or "",
                              service.spec.model_version, window)
     try:

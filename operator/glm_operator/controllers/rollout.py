@@ -140,7 +140,7 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
     if inputs.abort_requested:
         return _end(status, P.ABORTED, now, "Warning", "Aborted",
                     f"rollout to {inputs.target} aborted by the "
-                    f"glm-operator.dev/abort annotation; {inputs.stable} serves all traffic")
+                    f"rollout.glm-operator.dev/abort annotation; {inputs.stable} serves all traffic")
     steps = policy.effective_steps
     if policy.paused:
         paused = status.model_copy(update={
@@ -156,7 +156,7 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
     if inputs.promote_requested and status.phase == P.PROGRESSING:
         status = status.model_copy(update={
             "phase": P.PROMOTING, "step": len(steps) + 1, "progress_time": now,
-            "message": "promoted by the glm-operator.dev/promote annotation"})
+            "message": "promoted by the rollout.glm-operator.dev/promote annotation"})
 
     deadline = progress_deadline_seconds(inputs)
     if not new.servable:
