@@ -118,6 +118,8 @@ def service(version: str, **spec: Any) -> dict[str, Any]:
     svc = json.loads(json.dumps(CPU_SVC))
     svc["metadata"]["name"] = SERVICE
     svc["spec"]["modelVersion"] = version
+    if "autoscaling" in spec:
+        svc["spec"].pop("replicas", None)
     svc["spec"].update(spec)
     return svc
 
@@ -350,7 +352,6 @@ def test_an_autoscaled_service_keeps_its_capacity_through_a_surge(
         kubectl: Kubectl, ns: str) -> None:
     autoscaling = {"minReplicas": 1, "maxReplicas": 6, "targets": {"queueLength": 2}}
     svc = serve(kubectl, ns, "v1", autoscaling=autoscaling)
-    svc["spec"].pop("replicas", None)
     stable = deployment(kubectl, ns, "v1")
     assert stable is not None
     kubectl("scale", "deployment", stable["metadata"]["name"], "-n", ns, "--replicas=3")
