@@ -74,12 +74,6 @@ them, and a glob matches namespaces that may not exist yet (no Role can be made 
 {{- if $cluster }}true{{ end -}}
 {{- end -}}
 
-{{- define "glm-operator.globbedNamespaces" -}}
-{{- range .Values.watchNamespaces -}}
-{{- if regexMatch "[*?\\[\\]!]" . }}true{{ end -}}
-{{- end -}}
-{{- end -}}
-
 {{/*
 The operator's configuration file: the image from `image`, then every `config` key that is
 set (null scalars and empty sections keep the operator's defaults).

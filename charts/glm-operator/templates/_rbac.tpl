@@ -66,8 +66,9 @@ into the model and fetch pods by name).
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
-{{- if include "glm-operator.globbedNamespaces" . }}
-# Namespace globs: kopf lists and watches namespaces to match them.
+{{- if .Values.watchNamespaces }}
+# Watching chosen namespaces (names or globs): kopf lists and watches namespaces to match
+# them. Refused, it retries for about a minute before it starts watching anything.
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]

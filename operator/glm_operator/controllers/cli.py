@@ -26,7 +26,6 @@ from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identi
 PREFIX = "glm-operator.dev"
 # Exit status of a leader that lost its Lease: the pod restarts and comes back as a follower.
 LOST_LEASE_EXIT = 3
-GLOB_CHARACTERS = frozenset("*?[]!")
 
 log = logging.getLogger("glm_operator")
 
@@ -109,17 +108,6 @@ def _configure_logging(args: argparse.Namespace) -> None:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
-    if args.namespace and not any(GLOB_CHARACTERS & set(ns) for ns in args.namespace):
-        # Exact namespaces need no namespace listing, and the chart grants none; kopf falls
-        # back to the names given but would warn about it on every start.
-        logging.getLogger("kopf._core.reactor.observation").addFilter(_NamespaceListingFilter())
-
-
-class _NamespaceListingFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Not enough permissions to list namespaces")
-                    or message.startswith("Not enough permissions to watch for namespaces"))
 
 
 def _run_kopf(args: argparse.Namespace) -> None:
