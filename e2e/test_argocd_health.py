@@ -1,10 +1,11 @@
 """Argo CD against the real operator on the local control plane.
 
 Health: the statuses the operator really writes (a Ready service and ModelVersion, an
-infeasible service, a canary that is progressing, paused, aborted and then reverted, a
-ModelVersion whose fetch failed) are captured, trimmed to the fields the scripts read, and
-run through charts/argocd/argocd-cm.yaml by `luahealth eval`, which evaluates them as Argo
-CD's controller does (e2e/luahealth).
+infeasible service, an infeasible change of a serving one, a missing ModelVersion, a canary
+that is progressing, paused, aborted and then reverted, a ModelVersion whose fetch failed)
+are captured, trimmed to the fields the scripts read, and run through
+charts/argocd/argocd-cm.yaml by `luahealth eval`, which evaluates them as Argo CD's
+controller does (e2e/luahealth).
 
 Sync: the git manifests of examples/argocd/services, applied with Argo CD's field manager and
 tracking annotation, show no difference against the live objects once the operator has
@@ -163,6 +164,22 @@ def test_infeasible_service_is_degraded_with_the_numbers(
                               lambda o: (condition(o, "Ready") or {}).get("status") == "False"),
                    what=f"GLMService {name} Ready=False")
     health.expect(obj, "Degraded", "does not fit", "GiB", "nvidia-a10")
+
+
+def test_infeasible_change_of_a_serving_service_is_degraded(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait,
+        health: Health) -> None:
+    # The pods of the previous spec keep serving (Ready=True), but the committed spec cannot
+    # run: Argo CD must not call that Healthy.
+    name = serve_cpu_example(kubectl, namespace, wait_for)
+    too_long = copy.deepcopy(CPU_SVC)
+    too_long["spec"]["contextLength"] = 65536  # the model was trained for 32768
+    kubectl.apply(too_long, namespace=namespace)
+    obj = wait_for(reconciled(kubectl, namespace, name,
+                              lambda o: (condition(o, "Planned") or {}).get("status") == "False"),
+                   what=f"GLMService {name} Planned=False")
+    assert (condition(obj, "Ready") or {}).get("status") == "True"
+    health.expect(obj, "Degraded", "exceeds the model's trained context")
 
 
 def test_missing_modelversion_is_progressing(

@@ -66,8 +66,9 @@ if rollout ~= nil then
   end
 end
 
-local ready = condition(status, "Ready")
--- Reasons that waiting cannot fix: the spec (or its ModelVersion) has to change.
+-- Reasons that waiting cannot fix: the spec (or its ModelVersion) has to change. Planned and
+-- ModelReady describe the spec as it is now, so they count even while pods of an earlier
+-- spec still serve (Ready=True).
 local permanent = {
   Infeasible = true,
   ModelFactsUnknown = true,
@@ -75,11 +76,16 @@ local permanent = {
   EngineFormatMismatch = true,
   ModelVersionInvalid = true,
 }
-if ready ~= nil and ready.status == "False" and permanent[ready.reason] then
-  hs.status = "Degraded"
-  hs.message = first_message(ready.message, ready.reason)
-  return hs
+for _, type in ipairs({ "Ready", "ModelReady", "Planned" }) do
+  local c = condition(status, type)
+  if c ~= nil and c.status == "False" and permanent[c.reason] then
+    hs.status = "Degraded"
+    hs.message = first_message(c.message, c.reason)
+    return hs
+  end
 end
+
+local ready = condition(status, "Ready")
 
 local degraded = condition(status, "Degraded")
 if degraded ~= nil and degraded.status == "True" then
