@@ -64,6 +64,16 @@ def test_the_services_application_needs_no_ignore_differences() -> None:
     assert "ignoreDifferences" not in _applications()["glm-services"]["spec"]
 
 
+def test_server_side_apply_goes_with_server_side_diff() -> None:
+    # e2e/test_argocd_health.py proves "no diff" with a server-side diff; the Applications
+    # must compare the same way.
+    for name in ("glm-operator", "glm-services"):
+        app = _applications()[name]
+        assert "ServerSideApply=true" in app["spec"]["syncPolicy"]["syncOptions"]
+        options = app["metadata"]["annotations"]["argocd.argoproj.io/compare-options"]
+        assert "ServerSideDiff=true" in options.split(","), name
+
+
 def _helm() -> Path:
     if not toolchain.is_cached("helm"):
         message = "helm is not built: `.venv/bin/python -m e2e.toolchain build helm`"
