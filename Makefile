@@ -24,9 +24,12 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Create .venv with the package and its test and lint dependencies
 
+# Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts).
+SYSTEM_PACKAGES := prometheus
+
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)
-	@bash scripts/install-system-deps.sh
+	@bash scripts/install-system-deps.sh $(SYSTEM_PACKAGES)
 
 .PHONY: toolchain
 toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama-server and MinIO

@@ -2,14 +2,26 @@
 prometheus-adapter) and the canary analysis query them; docs/gateway.md lists them.
 
 Every series carries `service`, `model_version` and `pool`. A registry per gateway (not the
-global one) keeps several gateways in one test process apart.
+global one) keeps several gateways in one test process apart. The metric names below are the
+ones to build queries from (a histogram's series add `_bucket`, `_sum`, `_count`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REQUESTS_TOTAL = "glm_gateway_requests_total"  # labels endpoint, code
+REQUEST_DURATION = "glm_gateway_request_duration_seconds"  # histogram; endpoint, stream
+TIME_TO_FIRST_TOKEN = "glm_gateway_time_to_first_token_seconds"  # histogram; endpoint
+PROMPT_TOKENS_TOTAL = "glm_gateway_prompt_tokens_total"
+COMPLETION_TOKENS_TOTAL = "glm_gateway_completion_tokens_total"
+REQUESTS_IN_FLIGHT = "glm_gateway_requests_in_flight"
+REQUESTS_QUEUED = "glm_gateway_requests_queued"
+OVERFLOW_TOTAL = "glm_gateway_overflow_total"  # label outcome
+LONG_CONTEXT_WAKES_TOTAL = "glm_gateway_long_context_wakes_total"
+READY = "glm_gateway_ready"
 
 BASE_LABELS = ("service", "model_version", "pool")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -33,6 +45,43 @@ class GatewayMetrics:
     wakes: Counter
     ready: Gauge
     labels: dict[str, str]
+    # Labelled children of the request metrics, cached: labels() costs a lock and a tuple
+    # build, and record() runs once per request.
+    _request_children: dict[tuple[str, int, bool], tuple[Counter, Histogram]] = field(
+        default_factory=dict, init=False, repr=False)
+    _ttft_children: dict[str, Histogram] = field(default_factory=dict, init=False, repr=False)
+    _prompt_tokens: Counter = field(init=False, repr=False)
+    _completion_tokens: Counter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._prompt_tokens = self.prompt_tokens.labels(**self.labels)
+        self._completion_tokens = self.completion_tokens.labels(**self.labels)
+
+    def record(self, endpoint: str, status: int, duration_seconds: float, stream: bool,
+               ttft_seconds: float | None = None, prompt_tokens: int | None = None,
+               completion_tokens: int | None = None) -> None:
+        """Record one finished request: its code, its duration, its time to first token
+        (streams that got one) and the tokens it used. The only place that does."""
+        series = self._request_children.get((endpoint, status, stream))
+        if series is None:
+            series = (
+                self.requests.labels(**self.labels, endpoint=endpoint, code=str(status)),
+                self.duration.labels(**self.labels, endpoint=endpoint,
+                                     stream="true" if stream else "false"),
+            )
+            self._request_children[(endpoint, status, stream)] = series
+        series[0].inc()
+        series[1].observe(duration_seconds)
+        if ttft_seconds is not None:
+            ttft = self._ttft_children.get(endpoint)
+            if ttft is None:
+                ttft = self._ttft_children[endpoint] = self.ttft.labels(**self.labels,
+                                                                        endpoint=endpoint)
+            ttft.observe(ttft_seconds)
+        if prompt_tokens:
+            self._prompt_tokens.inc(prompt_tokens)
+        if completion_tokens:
+            self._completion_tokens.inc(completion_tokens)
 
     @classmethod
     def create(cls, service: str, model_version: str, pool: str) -> GatewayMetrics:
@@ -47,36 +96,34 @@ class GatewayMetrics:
 
         metrics = cls(
             registry=registry,
-            requests=counter("glm_gateway_requests_total",
+            requests=counter(REQUESTS_TOTAL,
                              "Requests answered, by endpoint and HTTP status code.",
                              ("endpoint", "code")),
-            duration=Histogram("glm_gateway_request_duration_seconds",
+            duration=Histogram(REQUEST_DURATION,
                                "Time from request received to last byte sent.",
                                [*BASE_LABELS, "endpoint", "stream"], registry=registry,
                                buckets=DURATION_BUCKETS),
-            ttft=Histogram("glm_gateway_time_to_first_token_seconds",
+            ttft=Histogram(TIME_TO_FIRST_TOKEN,
                            "Streaming requests: time from request received to the first "
                            "chunk from the engine.",
                            [*BASE_LABELS, "endpoint"], registry=registry, buckets=TTFT_BUCKETS),
-            prompt_tokens=counter("glm_gateway_prompt_tokens_total", "Prompt tokens processed."),
-            completion_tokens=counter("glm_gateway_completion_tokens_total",
+            prompt_tokens=counter(PROMPT_TOKENS_TOTAL, "Prompt tokens processed."),
+            completion_tokens=counter(COMPLETION_TOKENS_TOTAL,
                                       "Completion tokens generated."),
-            in_flight=gauge("glm_gateway_requests_in_flight",
+            in_flight=gauge(REQUESTS_IN_FLIGHT,
                             "Requests being answered now (queued ones included)."),
-            queued=gauge("glm_gateway_requests_queued",
+            queued=gauge(REQUESTS_QUEUED,
                          "Requests waiting: beyond the engine's slots, or held while the "
                          "long-context pool wakes."),
-            overflow=counter("glm_gateway_overflow_total",
+            overflow=counter(OVERFLOW_TOTAL,
                              "Requests too long for this pool's context, by outcome.",
                              ("outcome",)),
-            wakes=counter("glm_gateway_long_context_wakes_total",
+            wakes=counter(LONG_CONTEXT_WAKES_TOTAL,
                           "Scale-from-zero calls made for the long-context pool."),
-            ready=gauge("glm_gateway_ready", "1 when /readyz answers 200."),
+            ready=gauge(READY, "1 when /readyz answers 200."),
             labels=labels,
         )
         for outcome in OVERFLOW_OUTCOMES:
             metrics.overflow.labels(**labels, outcome=outcome)
-        metrics.prompt_tokens.labels(**labels)
-        metrics.completion_tokens.labels(**labels)
         metrics.wakes.labels(**labels)
         return metrics

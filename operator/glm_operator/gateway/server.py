@@ -50,8 +50,6 @@ class Gateway:
         labels = self.metrics.labels
         self._in_flight = self.metrics.in_flight.labels(**labels)
         self._queued = self.metrics.queued.labels(**labels)
-        self._prompt_tokens = self.metrics.prompt_tokens.labels(**labels)
-        self._completion_tokens = self.metrics.completion_tokens.labels(**labels)
         self._ready_gauge = self.metrics.ready.labels(**labels)
         self.keys = ApiKeyStore(config.api_keys_path) if config.api_keys_path else None
         self.limiter = (RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
@@ -70,7 +68,6 @@ class Gateway:
         self._warmup_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
-        self._children: dict[tuple[str, str, str], Any] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -317,31 +314,10 @@ class Gateway:
                 self.token_budget.charge(record.key_id, tokens_to_charge(record))
             self._observe(record, elapsed)
 
-    def _series(self, kind: str, endpoint: str, extra: str) -> Any:
-        """The labelled child of a metric, cached: labels() costs a lock and a tuple build."""
-        key = (kind, endpoint, extra)
-        child = self._children.get(key)
-        if child is None:
-            labels = self.metrics.labels
-            if kind == "requests":
-                child = self.metrics.requests.labels(**labels, endpoint=endpoint, code=extra)
-            elif kind == "duration":
-                child = self.metrics.duration.labels(**labels, endpoint=endpoint, stream=extra)
-            else:
-                child = self.metrics.ttft.labels(**labels, endpoint=endpoint)
-            self._children[key] = child
-        return child
-
     def _observe(self, record: AuditRecord, elapsed: float) -> None:
-        self._series("requests", record.endpoint, str(record.status)).inc()
-        self._series("duration", record.endpoint,
-                     "true" if record.stream else "false").observe(elapsed)
-        if record.ttft_ms is not None:
-            self._series("ttft", record.endpoint, "").observe(record.ttft_ms / 1000)
-        if record.prompt_tokens:
-            self._prompt_tokens.inc(record.prompt_tokens)
-        if record.completion_tokens:
-            self._completion_tokens.inc(record.completion_tokens)
+        self.metrics.record(record.endpoint, record.status, elapsed, record.stream,
+                            None if record.ttft_ms is None else record.ttft_ms / 1000,
+                            record.prompt_tokens, record.completion_tokens)
         self.audit.write(record)
 
     async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
