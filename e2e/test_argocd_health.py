@@ -2,10 +2,10 @@
 
 Health: the statuses the operator really writes (a Ready service and ModelVersion, an
 infeasible service, an infeasible change of a serving one, a missing ModelVersion, a canary
-that is progressing, paused, aborted and then reverted, a ModelVersion whose fetch failed)
-are captured, trimmed to the fields the scripts read, and run through
-charts/argocd/argocd-cm.yaml by `luahealth eval`, which evaluates them as Argo CD's
-controller does (e2e/luahealth).
+that is progressing, paused, aborted and then reverted, a ModelVersion whose fetch reported a
+failure and one whose fetch Job failed) are captured, trimmed to the fields the scripts read,
+and run through charts/argocd/argocd-cm.yaml by `luahealth eval`, which evaluates them as
+Argo CD's controller does (e2e/luahealth).
 
 Sync: the git manifests of examples/argocd/services, applied with Argo CD's field manager and
 tracking annotation, show no difference against the live objects once the operator has
@@ -246,7 +246,7 @@ def test_canary_progressing_paused_aborted_then_reverted(
     assert after == before, "reverting restarted the stable version's pods"
 
 
-def test_modelversion_whose_fetch_failed_is_degraded(
+def test_modelversion_whose_fetch_reported_a_failure_is_degraded(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait,
         health: Health, tmp_path: Path) -> None:
     # The field reports' classic: a file whose header says llama where glm4 was expected.
@@ -292,6 +292,40 @@ def test_modelversion_whose_fetch_failed_is_degraded(
                        and ready["reason"] == "WrongArchitecture") else None
     obj = wait_for(failed, timeout=60, what=f"ModelVersion {name} Failed, Ready=False")
     health.expect(obj, "Degraded", "general.architecture='llama'", "'glm4'")
+
+
+def test_modelversion_whose_fetch_job_failed_is_degraded(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait,
+        health: Health) -> None:
+    # A Job that fails without the fetcher reporting (crash, image pull, deadline): the
+    # operator's own FetchFailed. The cache claim names a StorageClass that does not exist,
+    # so the Job's pod stays Pending (kwok would otherwise complete it at once).
+    name = "glm4-unfetched"
+    kubectl.apply({
+        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        "metadata": {"name": name},
+        "spec": {"source": {"uri": "https://models.example.com/glm4.gguf"}, "format": "gguf",
+                 "quantization": "Q4_K_M", "architecture": "glm4",
+                 "cache": {"storageClassName": "e2e-no-such-class", "size": "1Gi"}}},
+        namespace=namespace)
+    job = wait_for(lambda: [j for j in kubectl.items("jobs", "-n", namespace, "-l",
+                                                     f"glm-operator.dev/model-version={name}")
+                            if j.get("status", {}).get("active")],
+                   timeout=60, what=f"the active fetch Job of ModelVersion {name}")[0]
+    # Its pods never run here; the Job controller is told what it concludes itself after
+    # backoffLimit failed pods, and finishes the failure: pods removed, condition Failed.
+    kubectl("patch", "job", job["metadata"]["name"], "-n", namespace, "--subresource=status",
+            "--type=merge", "-p", json.dumps({"status": {"conditions": [{
+                "type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit"}]}}))
+
+    def failed() -> dict[str, Any] | None:
+        obj = modelversion(kubectl, namespace, name)
+        ready = condition(obj, "Ready")
+        return obj if (obj.get("status", {}).get("phase") == "Failed" and ready
+                       and ready["reason"] == "FetchFailed") else None
+    obj = wait_for(failed, timeout=60, what=f"ModelVersion {name} Failed (FetchFailed)")
+    health.expect(obj, "Degraded", "fetch Job", "BackoffLimitExceeded")
 
 
 # --- sync: nothing the operator writes is a diff --------------------------------------------
