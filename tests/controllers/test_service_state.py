@@ -315,3 +315,15 @@ def test_going_back_to_the_stable_version_ends_the_canary_as_superseded() -> Non
     assert (cond(back, "CanaryProgressing").status, cond(back, "CanaryProgressing").reason) == (
         "False", "Superseded")
     assert by_version(back.desired, "v2") == [] and weights(back.desired) == {"v1": 100}
+
+
+def test_a_failed_model_version_says_why_instead_of_waiting() -> None:
+    mv, svc = load("cpu-llamacpp")
+    mv["status"] = {"phase": "Failed", "conditions": [
+        {"type": "Verified", "status": "False", "reason": "ChecksumMismatch",
+         "message": "sha256 ab.. != cd..", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    decision = decide(svc, [mv])
+    model = cond(decision, "ModelReady")
+    assert model.reason == "ModelVersionFailed"
+    assert "ChecksumMismatch: sha256 ab.. != cd.." in model.message
+    assert "waiting" not in model.message

@@ -119,7 +119,15 @@ def _plan_version(
                    f"{'safetensors' if engine == 'vllm' else 'gguf'} ModelVersion")
         return _VersionPlan(name, mv, None, None, problem, None)
     model_problem = None
-    if mv.status.phase != "Ready":
+    if mv.status.phase == "Failed":
+        failing = (next((c for c in mv.status.conditions
+                         if c.type == "Ready" and c.status == "False"), None)
+                   or next((c for c in mv.status.conditions if c.status == "False"), None))
+        model_problem = ("ModelVersionFailed",
+                         f"ModelVersion {name!r} failed"
+                         + (f" ({failing.reason}: {failing.message})" if failing else "")
+                         + ": fix its source, or point spec.modelVersion at another version")
+    elif mv.status.phase != "Ready":
         model_problem = ("ModelVersionNotReady",
                          f"ModelVersion {name!r} is {mv.status.phase}: waiting for the fetch "
                          "Job to download and verify it")

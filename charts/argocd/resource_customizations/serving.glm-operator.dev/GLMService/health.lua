@@ -75,6 +75,7 @@ local permanent = {
   InvalidPlanInput = true,
   EngineFormatMismatch = true,
   ModelVersionInvalid = true,
+  ModelVersionFailed = true,
 }
 for _, type in ipairs({ "Ready", "ModelReady", "Planned" }) do
   local c = condition(status, type)
