@@ -144,6 +144,24 @@ def test_install_upgrade_uninstall(helm: Helm, kubectl: Kubectl, glm_crds: list[
     assert not kubectl.exists("clusterrolebinding", fullname)
 
 
+def test_every_rendered_object_is_valid_for_the_api_server(
+        helm: Helm, kubectl: Kubectl, release_namespace: str) -> None:
+    """Server-side dry run of what the chart renders with every option the cluster has the
+    CRDs for (the Prometheus Operator's ServiceMonitor; PrometheusRule is not installed)."""
+    values = {"watchNamespaces": [release_namespace],
+              "metrics": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}},
+              "config": {"prometheus": {"url": "http://prometheus-operated.monitoring:9090"}}}
+    rendered = helm("template", "glm", str(CHART), "-n", release_namespace, "--kube-version",
+                    toolchain.versions()["kubernetes"], values=values).stdout
+    objects = [o for o in yaml.safe_load_all(rendered)
+               if o and o["kind"] != "CustomResourceDefinition"]
+    assert {"ServiceMonitor", "Deployment", "PodDisruptionBudget"} <= {o["kind"] for o in objects}
+    result = kubectl.run(
+        "apply", "--server-side", "--dry-run=server", "--field-manager=glm-chart-dry-run",
+        "-n", release_namespace, "-f", "-", input=yaml.safe_dump_all(objects))
+    assert result.stdout.count("(server dry run)") == len(objects), result.stdout
+
+
 # --- the CRD upgrade path -------------------------------------------------------------------------
 
 
