@@ -13,7 +13,8 @@ from glm_operator.render.service import Capabilities
 from render.invariants import problems
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir()) if EXAMPLES.is_dir() else []
+# One service per folder (examples/argocd holds Argo CD Applications, checked elsewhere).
+EXAMPLE_DIRS = sorted(p.parent for p in EXAMPLES.glob("*/glmservice.yaml"))
 
 
 def test_there_are_examples_per_accelerator_kind() -> None:

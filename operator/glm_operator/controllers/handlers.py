@@ -88,6 +88,12 @@ def configure(runtime: Runtime) -> None:
     runtime.wakeups = Wakeups(_wake_service)
     threading.Thread(target=runtime.wakeups.run, args=(threading.Event(),),
                      name="glm-wakeups", daemon=True).start()
+    for kind, index in (("GLMService", "glmservices"), ("ModelVersion", "modelversions")):
+        metrics.MANAGED_OBJECTS.labels(kind=kind).set_function(_index_size(index))
+
+
+def _index_size(name: str) -> Callable[[], float]:
+    return lambda: float(len(_latest_indexes.get(name) or ()))
 
 
 def _wake_service(key: Hashable) -> None:
@@ -258,11 +264,15 @@ def _emit(kube: KubeClient, body: Mapping[str, Any], events: list[tuple[str, str
 _latest_indexes: dict[str, Any] = {}
 
 
+def _remember_indexes(indexes: Mapping[str, Any]) -> None:
+    if not _latest_indexes and "glmservices" in indexes:
+        _latest_indexes.update({k: v for k, v in indexes.items() if isinstance(v, kopf.Index)})
+
+
 def reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any], *,
                       coalesce: bool = False) -> None:
     """Reconcile one GLMService; `coalesce` for events of its children and ModelVersions."""
-    if not _latest_indexes and "glmservices" in indexes:
-        _latest_indexes.update({k: v for k, v in indexes.items() if isinstance(v, kopf.Index)})
+    _remember_indexes(indexes)
     _in_turn("GLMService", (namespace, name),
              lambda: _reconcile_service(namespace, name, indexes), coalesce)
 
@@ -390,6 +400,7 @@ def _canary_analysis(config: OperatorConfig, body: Obj, now: datetime) -> Analys
 def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any], *,
                             coalesce: bool = False) -> None:
     """Reconcile one ModelVersion; `coalesce` for its own status events and its Jobs'."""
+    _remember_indexes(indexes)
     _in_turn("ModelVersion", (namespace, f"mv/{name}"),
              lambda: _reconcile_model_version(namespace, name, indexes), coalesce)
 

@@ -139,8 +139,8 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
         return RolloutDecision(status=status, new_replicas=None, weight=0)
     if inputs.abort_requested:
         return _end(status, P.ABORTED, now, "Warning", "Aborted",
-                    f"rollout to {inputs.target} aborted by the "
-                    f"rollout.glm-operator.dev/abort annotation; {inputs.stable} serves all traffic")
+                    f"rollout to {inputs.target} aborted by the rollout.glm-operator.dev/abort "
+                    f"annotation; {inputs.stable} serves all traffic")
     steps = policy.effective_steps
     if policy.paused:
         paused = status.model_copy(update={

@@ -33,12 +33,9 @@ from typing import Any
 from prometheus_client import Gauge
 
 from glm_operator.kube.client import KubeClient, KubeError
-from glm_operator.kube.resources import KINDS, ResourceKind
 
 API_VERSION = "coordination.k8s.io/v1"
 KIND = "Lease"
-# Registered here until kube/resources.py lists it; setdefault leaves that entry alone then.
-KINDS.setdefault((API_VERSION, KIND), ResourceKind(API_VERSION, KIND, "leases"))
 
 LEADER = Gauge(
     "glm_operator_leader",

@@ -48,6 +48,7 @@ _KINDS = [
     ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    ResourceKind("coordination.k8s.io/v1", "Lease", "leases"),
     ResourceKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
     ResourceKind("networking.istio.io/v1", "VirtualService", "virtualservices"),
     ResourceKind("networking.istio.io/v1", "DestinationRule", "destinationrules"),
