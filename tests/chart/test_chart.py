@@ -49,9 +49,9 @@ NAMESPACED_RULES: list[Obj] = [
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"],
-     "verbs": ["list", "watch", "create", "patch", "delete"]},
+     "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["networking.istio.io"], "resources": ["virtualservices", "destinationrules"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+     "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 CRD_RULES: list[Obj] = [

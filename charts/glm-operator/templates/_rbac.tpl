@@ -46,13 +46,15 @@ into the model and fetch pods by name).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [list, watch, create, patch, delete]
+# Optional children (their CRDs may come and go): read when the intent changed and at every
+# resync, never watched.
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, create, patch, delete]
 # Canary traffic split (when Istio is installed).
 - apiGroups: [networking.istio.io]
   resources: [virtualservices, destinationrules]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch, delete]
 # Events on GLMServices and ModelVersions (kopf posts them; repeats are patched).
 - apiGroups: [""]
   resources: [events]

@@ -46,10 +46,16 @@ SERVICE_CRD_CHILDREN = (
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-    ("monitoring.coreos.com", "v1", "servicemonitors"),
-    ("networking.istio.io", "v1", "virtualservices"),
-    ("networking.istio.io", "v1", "destinationrules"),
 )
+# Children whose CRDs may be missing, or come and go (Istio, the Prometheus Operator). They
+# are not watched: kopf stops the whole operator when a watched resource's CRD is deleted.
+# The operator remembers what it applied, reads them only when its intent changed, and
+# reads them again at every resync to undo edits and deletions.
+OPTIONAL_CHILD_KINDS = frozenset({
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("networking.istio.io/v1", "VirtualService"),
+    ("networking.istio.io/v1", "DestinationRule"),
+})
 MODEL_VERSION_CHILDREN = (("batch", "v1", "jobs"), ("", "v1", "persistentvolumeclaims"))
 
 log = logging.getLogger("glm_operator")
@@ -194,7 +200,9 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
                    live: list[Obj], retained: frozenset[tuple[str, str]] = frozenset()) -> int:
     """Apply what differs, delete owned children neither desired nor retained; return writes
     made."""
-    writes = 0
+    optional = [o for o in desired if (o["apiVersion"], o["kind"]) in OPTIONAL_CHILD_KINDS]
+    desired = [o for o in desired if (o["apiVersion"], o["kind"]) not in OPTIONAL_CHILD_KINDS]
+    writes = _sync_optional_children(kube, owner_uid, optional)
     live_by_ref = {_ref(o): o for o in live}
     for obj in desired:
         current = live_by_ref.get(_ref(obj))
@@ -228,6 +236,57 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="delete").inc()
             writes += 1
     return writes
+
+
+# Optional children as last applied or seen holding the intent: owner uid -> ref -> object.
+OptionalRef = tuple[str, str, str, str]  # apiVersion, kind, namespace, name
+_optional_applied: dict[str, dict[OptionalRef, Obj | None]] = {}
+_optional_lock = threading.Lock()
+
+
+def _optional_ref(obj: Mapping[str, Any]) -> OptionalRef:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
+
+
+def _sync_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj]) -> int:
+    writes = 0
+    with _optional_lock:
+        known = dict(_optional_applied.get(owner_uid, {}))
+    wanted = {_optional_ref(o): o for o in desired}
+    for ref, obj in wanted.items():
+        if known.get(ref) == obj:
+            continue  # unchanged intent, and it held when last looked at
+        meta = obj["metadata"]
+        live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if not object_holds_intent(obj, live):
+            kube.apply(obj)
+            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
+            writes += 1
+        known[ref] = obj
+    for ref in set(known) - set(wanted):
+        api_version, kind, namespace, name = ref
+        kube.delete(api_version, kind, namespace, name)
+        metrics.CHILD_WRITES.labels(kind=kind, action="delete").inc()
+        writes += 1
+        del known[ref]
+    with _optional_lock:
+        if known:
+            _optional_applied[owner_uid] = known
+        else:
+            _optional_applied.pop(owner_uid, None)
+    return writes
+
+
+def forget_optional_children(live_owners: set[str]) -> None:
+    """Resync: the next reconciles read the optional children again (to undo edits and
+    deletions), and owners that are gone are dropped."""
+    with _optional_lock:
+        for uid in list(_optional_applied):
+            if uid in live_owners:
+                _optional_applied[uid] = dict.fromkeys(_optional_applied[uid])
+            else:
+                del _optional_applied[uid]
 
 
 def _applies_replicas(live: Mapping[str, Any]) -> bool:
@@ -460,7 +519,10 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
         services = indexes.get("glmservices")
         if services is None:
             continue
-        for namespace, name in list(services.keys()):
+        keys = list(services.keys())
+        forget_optional_children({body["metadata"].get("uid", "") for key in keys
+                                  for body in _lookup(services, key)})
+        for namespace, name in keys:
             try:
                 reconcile_service(namespace, name, indexes, coalesce=True)
             except Exception as exc:  # one bad object must not stop the resync of the rest

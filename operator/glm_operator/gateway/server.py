@@ -11,6 +11,7 @@ keep-alive connector serves every request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 CLIENT_CLOSED = 499  # nginx's code for "the client went away": audit and metrics use it
 STREAM_TAIL_CHUNKS = 4  # the last SSE events (usage / timings) always fit in these
+STREAM_END = b"data: [DONE]"  # the OpenAI stream's last event (llama-server and vLLM)
 ANONYMOUS = "anonymous"
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
@@ -304,7 +306,8 @@ class Gateway:
             record.status = record.status or response.status  # a stream may have set 499
             return response
         except asyncio.CancelledError:
-            record.status = CLIENT_CLOSED
+            if record.status != 200:  # 200 here: a stream whose last event was delivered
+                record.status = CLIENT_CLOSED
             raise
         finally:
             self._in_flight.dec()
@@ -447,12 +450,19 @@ class Gateway:
                     record.streamed_events += chunk.count(b"data: ")
                 if everything is not None:
                     everything.append(chunk)
+                if STREAM_END in chunk:
+                    # The client has the whole answer: if it hangs up before the chunked
+                    # body's last bytes, that is not a request it gave up on.
+                    record.status = 200
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             # The client went away: closing our upstream socket makes the engine stop
             # generating and free the slot.
             upstream.close()
-            record.status = CLIENT_CLOSED
-            record.error_code = "client_closed"
+            if record.status != 200:
+                record.status = CLIENT_CLOSED
+                record.error_code = "client_closed"
+            else:
+                record.prompt_tokens, record.completion_tokens = token_counts(b"".join(tail))
             return response
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Headers are gone already; all we can do is end the stream and say so in the log.
@@ -466,7 +476,9 @@ class Gateway:
         record.prompt_tokens, record.completion_tokens = token_counts(b"".join(tail))
         if everything is not None:
             record.completion = _stream_text(b"".join(everything))
-        await response.write_eof()
+        # A client gone after the last event had the whole answer.
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            await response.write_eof()
         return response
 
 
