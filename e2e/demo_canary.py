@@ -8,6 +8,7 @@ as the operator takes it: weight, pods per version, the VirtualService's routes,
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,9 +75,9 @@ def run(kubectl: Kubectl, prometheus: PrometheusServer, namespace: str, service:
         kubectl.apply(mv)
         fetch(NEW_VERSION)
         patch = {"spec": {"modelVersion": NEW_VERSION, "rollout": ROLLOUT}}
-        print(f"  $ kubectl patch glms {service} --type merge -p '{patch}'")
+        print(f"  $ kubectl patch glms {service} --type merge -p '{json.dumps(patch)}'")
         kubectl("patch", "glmservice", service, "-n", namespace, "--type", "merge",
-                "-p", yaml.safe_dump(patch, default_flow_style=True).strip())
+                "-p", json.dumps(patch))
         last, deadline = "", time.monotonic() + 180
         while time.monotonic() < deadline:
             line = _line(kubectl, namespace, service)
