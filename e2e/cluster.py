@@ -9,7 +9,7 @@ built by e2e/toolchain.py as plain processes on this machine:
 
 then this script creates the fake GPU/NPU/CPU nodes of e2e/nodes.yaml, a default StorageClass
 with pre-provisioned PersistentVolumes and the real third-party CRDs (Istio, ServiceMonitor,
-Argo CD Application).
+Argo CD Application, KEDA ScaledObject).
 
     python -m e2e.cluster up [--build]   start it (no-op when it is already up)
     python -m e2e.cluster status         say whether it is up, and its processes
@@ -74,6 +74,7 @@ THIRD_PARTY_CRDS = [
     ("istio", "istio-crds.yaml"),
     ("prometheus_operator", "servicemonitors.yaml"),
     ("argocd", "application-crd.yaml"),
+    ("keda", "keda-scaledobjects.yaml"),
 ]
 
 
@@ -110,6 +111,16 @@ def cluster_dir() -> Path:
 def ready_marker() -> Path:
     """Written once nodes, volumes and CRDs exist; an `up` interrupted before that resumes."""
     return cluster_dir() / "glm-e2e-populated"
+
+
+def _write_ready_marker() -> None:
+    """The marker names the third-party CRD files installed, one a line."""
+    ready_marker().write_text("".join(f"{c}/{n}\n" for c, n in THIRD_PARTY_CRDS))
+
+
+def _crds_missing_from_marker() -> bool:
+    installed = set(ready_marker().read_text().split())
+    return any(f"{c}/{n}" not in installed for c, n in THIRD_PARTY_CRDS)
 
 
 def kwokctl_config_path() -> Path:
@@ -518,11 +529,17 @@ def _up_locked(build: bool) -> Kubectl:
     client = Kubectl(binaries.kubectl, kubeconfig_path())
     if is_up():
         if ready_marker().exists():
-            log(f"already up; nothing to do. KUBECONFIG={kubeconfig_path()}")
+            if _crds_missing_from_marker():
+                # A cluster started before a third-party CRD was added to THIRD_PARTY_CRDS.
+                log("up, but without some third-party CRDs added since; installing them")
+                install_crds(client)
+                _write_ready_marker()
+            else:
+                log(f"already up; nothing to do. KUBECONFIG={kubeconfig_path()}")
             return client
         log("up, but its nodes, volumes or CRDs were not all created; creating them")
         populate(client)
-        ready_marker().write_text(f"{time.time()}\n")
+        _write_ready_marker()
         return client
     if cluster_dir().exists() or cluster_processes():
         log("found a stopped or half-started cluster; removing it first")
@@ -556,7 +573,7 @@ def _up_locked(build: bool) -> Kubectl:
     _wait_for_controllers(client)
     log(f"controller-manager and scheduler running ({time.monotonic() - started:.1f}s)")
     populate(client)
-    ready_marker().write_text(f"{time.time()}\n")
+    _write_ready_marker()
     log(f"cluster {CLUSTER_NAME!r} up in {time.monotonic() - started:.1f}s")
     log(f"KUBECONFIG={kubeconfig_path()}")
     return client

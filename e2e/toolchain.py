@@ -264,6 +264,14 @@ def fetch_argocd(version: str, out: Path, work: Path) -> None:
     )
 
 
+def fetch_keda(version: str, out: Path, work: Path) -> None:
+    """KEDA's ScaledObject CRD, as its controller-gen wrote it, from the KEDA Go module."""
+    _fetch_module_files(
+        "keda", f"github.com/kedacore/keda/v2@{version}",
+        {"config/crd/bases/keda.sh_scaledobjects.yaml": "keda-scaledobjects.yaml"}, out, work,
+    )
+
+
 def build_llama_server(version: str, out: Path, work: Path) -> None:
     """llama-server (CPU) from the llama.cpp tree vendored in the llama-cpp-python sdist.
 
@@ -282,6 +290,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "istio": fetch_istio,
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
+    "keda": fetch_keda,
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
 }
