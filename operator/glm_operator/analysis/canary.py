@@ -16,10 +16,10 @@ from datetime import datetime
 
 from glm_operator.api import AnalysisResult, CanaryAnalysis
 from glm_operator.gateway.metrics import REQUEST_DURATION, REQUESTS_TOTAL, TIME_TO_FIRST_TOKEN
+from glm_operator.wellknown import MAIN_POOL
 
 # The inference endpoints; /v1/models and the health endpoints are not requests to judge.
 INFERENCE_ENDPOINTS = "chat|completions"
-MAIN_POOL = "main"
 
 
 @dataclass(frozen=True)

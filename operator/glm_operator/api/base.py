@@ -15,12 +15,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-GROUP = "serving.glm-operator.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-# Label prefixes the operator owns; users cannot set them through overrides.
-RESERVED_LABEL_PREFIXES: tuple[str, ...] = ("glm-operator.dev/", "app.kubernetes.io/")
+from glm_operator.wellknown import API_VERSION as API_VERSION
+from glm_operator.wellknown import GROUP as GROUP
+from glm_operator.wellknown import RESERVED_LABEL_PREFIXES as RESERVED_LABEL_PREFIXES
+from glm_operator.wellknown import VERSION as VERSION
 
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from glm_operator.api.base import GROUP, VERSION
+from glm_operator.api.base import API_VERSION, GROUP, VERSION
 from glm_operator.api.glmservice import GLMService, GLMServiceSpec
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.modelversion import ModelVersion, ModelVersionSpec, ModelVersionStatus
@@ -221,7 +221,7 @@ def object_schema(kind: Kind) -> Schema:
         "description": _kind_description(kind),
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "serving.glm-operator.dev/v1alpha1"},
+            "apiVersion": {"type": "string", "description": API_VERSION},
             "kind": {"type": "string", "description": kind.kind},
             "metadata": {"type": "object"},
             "spec": spec,

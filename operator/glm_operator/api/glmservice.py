@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from glm_operator.api.base import (
+    API_VERSION,
     RESERVED_LABEL_PREFIXES,
     Duration,
     FreeFormObject,
@@ -27,8 +28,10 @@ from glm_operator.api.base import (
     StringMap,
 )
 from glm_operator.api.glmservice_status import GLMServiceStatus
+from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 
 MIN_CONTEXT_LENGTH = 512
+_RESERVED_PREFIXES = " and ".join(RESERVED_LABEL_PREFIXES)
 MAX_CONTEXT_LENGTH = 1_048_576
 DEFAULT_CONTEXT_LENGTH = 8192
 DEFAULT_CONCURRENCY = 4
@@ -37,8 +40,6 @@ DEFAULT_CANARY_STEPS: tuple[int, ...] = (10, 25, 50)
 # not desired state. Each names the ModelVersion it acts on, so a stale one (left in git or
 # on the object after that rollout ended) never acts on the next rollout. Their prefix is not
 # glm-operator.dev/: kopf ignores changes to annotations under its own storage prefix.
-PROMOTE_ANNOTATION = "rollout.glm-operator.dev/promote"
-ABORT_ANNOTATION = "rollout.glm-operator.dev/abort"
 CPU_PROFILE = "cpu"
 
 # Flags the operator derives from the plan or owns for wiring (llama-server and vLLM).
@@ -388,8 +389,8 @@ class Rollout(SpecModel):
     paused: bool = Field(
         default=False,
         description="Hold the rollout where it is: weights, replicas and analysis stay. "
-        "Promote and abort are annotations naming the version: "
-        "rollout.glm-operator.dev/promote and rollout.glm-operator.dev/abort.",
+        f"Promote and abort are annotations naming the version: {PROMOTE_ANNOTATION} and "
+        f"{ABORT_ANNOTATION}.",
     )
     progress_deadline: Duration | None = Field(
         default=None,
@@ -466,13 +467,13 @@ class PodOverrides(SpecModel):
     annotations: StringMap | None = Field(default=None, description="Pod annotations.")
     labels: StringMap | None = Field(
         default=None,
-        description="Pod labels; glm-operator.dev/ and app.kubernetes.io/ keys are reserved.",
+        description=f"Pod labels; {_RESERVED_PREFIXES} keys are reserved.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
                     "rule": f"self.all(k, {_RESERVED_LABEL_RULE})",
                     "message": "podOverrides.labels must not use the reserved prefixes "
-                    "glm-operator.dev/ and app.kubernetes.io/",
+                    f"{_RESERVED_PREFIXES}",
                 }
             ]
         },
@@ -637,7 +638,7 @@ class GLMService(SpecModel):
 
     model_config = {"extra": "ignore"}
 
-    api_version: Literal["serving.glm-operator.dev/v1alpha1"] = "serving.glm-operator.dev/v1alpha1"
+    api_version: str = Field(default=API_VERSION, pattern=f"^{re.escape(API_VERSION)}$")
     kind: Literal["GLMService"] = "GLMService"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: GLMServiceSpec

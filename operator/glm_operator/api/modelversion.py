@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from glm_operator.api.base import (
+    API_VERSION,
     Int64,
     ObjectMeta,
     Quantity,
@@ -314,7 +315,7 @@ class ModelVersion(SpecModel):
 
     model_config = {"extra": "ignore"}
 
-    api_version: Literal["serving.glm-operator.dev/v1alpha1"] = "serving.glm-operator.dev/v1alpha1"
+    api_version: str = Field(default=API_VERSION, pattern=f"^{re.escape(API_VERSION)}$")
     kind: Literal["ModelVersion"] = "ModelVersion"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ModelVersionSpec

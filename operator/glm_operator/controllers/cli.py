@@ -22,8 +22,8 @@ from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
 from glm_operator.kube.client import KubeClient
 from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identity
+from glm_operator.wellknown import PREFIX
 
-PREFIX = "glm-operator.dev"
 # Exit status of a leader that lost its Lease: the pod restarts and comes back as a follower.
 LOST_LEASE_EXIT = 3
 

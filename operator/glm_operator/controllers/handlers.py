@@ -35,8 +35,8 @@ from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL
 from glm_operator.render.service import Capabilities
+from glm_operator.wellknown import GROUP, PROMOTE_ANNOTATION, VERSION
 
-GROUP, VERSION = "serving.glm-operator.dev", "v1alpha1"
 INITIAL_FIELD_MANAGER = "glm-operator-initial-replicas"
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 SERVICE_CRD_CHILDREN = (
@@ -444,7 +444,7 @@ def _canary_analysis(config: OperatorConfig, body: Obj, now: datetime) -> Analys
     if not url:
         return unavailable("no Prometheus to analyse the canary: set prometheus.url in the "
                            "operator config (helm value prometheus.url); promote with the "
-                           "rollout.glm-operator.dev/promote annotation meanwhile", window, now)
+                           f"{PROMOTE_ANNOTATION} annotation meanwhile", window, now)
     queries = canary_queries(service.metadata.namespace or "", service.metadata.name or "",
                              service.spec.model_version, window)
     try:

@@ -36,6 +36,7 @@ from glm_operator.api import (
 )
 from glm_operator.api.base import duration_seconds
 from glm_operator.api.glmservice_status import FINISHED_PHASES
+from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 
 Event = tuple[str, str, str]  # (type, reason, message)
 P = RolloutPhase
@@ -139,7 +140,7 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
         return RolloutDecision(status=status, new_replicas=None, weight=0)
     if inputs.abort_requested:
         return _end(status, P.ABORTED, now, "Warning", "Aborted",
-                    f"rollout to {inputs.target} aborted by the rollout.glm-operator.dev/abort "
+                    f"rollout to {inputs.target} aborted by the {ABORT_ANNOTATION} "
                     f"annotation; {inputs.stable} serves all traffic")
     steps = policy.effective_steps
     if policy.paused:
@@ -156,7 +157,7 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
     if inputs.promote_requested and status.phase == P.PROGRESSING:
         status = status.model_copy(update={
             "phase": P.PROMOTING, "step": len(steps) + 1, "progress_time": now,
-            "message": "promoted by the rollout.glm-operator.dev/promote annotation"})
+            "message": f"promoted by the {PROMOTE_ANNOTATION} annotation"})
 
     deadline = progress_deadline_seconds(inputs)
     if not new.servable:

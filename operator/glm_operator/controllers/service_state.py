@@ -34,7 +34,7 @@ from glm_operator.api import (
     set_condition,
 )
 from glm_operator.api.conditions import Condition
-from glm_operator.api.glmservice import ABORT_ANNOTATION, PROMOTE_ANNOTATION, GLMServiceSpec
+from glm_operator.api.glmservice import GLMServiceSpec
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import rollout as rollouts
@@ -42,7 +42,7 @@ from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
 from glm_operator.planning.planner import Plan, PlanInputError, plan
 from glm_operator.render.meta import owner_reference
-from glm_operator.render.names import POOL_LABEL, VERSION_LABEL, label_value
+from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, ReplicaPolicy, startup_seconds
 from glm_operator.render.service import (
     Capabilities,
@@ -59,11 +59,18 @@ from glm_operator.render.traffic import (
     build_virtual_service,
     service_host,
 )
+from glm_operator.wellknown import (
+    ABORT_ANNOTATION,
+    LONG_CONTEXT_POOL,
+    MAIN_POOL,
+    POOL_LABEL,
+    PROMOTE_ANNOTATION,
+    SERVICE_LABEL,
+    VERSION_LABEL,
+)
 
 Obj = dict[str, Any]
 C = GLMServiceConditionType
-MAIN_POOL = "main"
-LONG_CONTEXT_POOL = "long-context"
 
 
 @dataclass(frozen=True)
@@ -437,7 +444,7 @@ def decide_service(
         stable_spec=stable_spec,
         replicas=replicas,
         ready_replicas=ready,
-        selector=(f"glm-operator.dev/service={label_value(service.metadata.name or '')},"
+        selector=(f"{SERVICE_LABEL}={label_value(service.metadata.name or '')},"
                   f"{POOL_LABEL}={MAIN_POOL}"),
         endpoint=_endpoint(service, config, MAIN_POOL),
         plan=(plan_summary(shown.plan, service, shown.name, shown.model_version)

@@ -16,8 +16,8 @@ from typing import Any
 from kubernetes import client as k8s
 
 from glm_operator.kube.client import KubeClient, KubeError
+from glm_operator.wellknown import API_VERSION
 
-API_VERSION = "serving.glm-operator.dev/v1alpha1"
 KIND = "ModelVersion"
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONFLICT_RETRIES = 5

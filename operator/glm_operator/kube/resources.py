@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from glm_operator.wellknown import API_VERSION
+
 
 @dataclass(frozen=True)
 class ResourceKind:
@@ -52,8 +54,8 @@ _KINDS = [
     ResourceKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
     ResourceKind("networking.istio.io/v1", "VirtualService", "virtualservices"),
     ResourceKind("networking.istio.io/v1", "DestinationRule", "destinationrules"),
-    ResourceKind("serving.glm-operator.dev/v1alpha1", "GLMService", "glmservices"),
-    ResourceKind("serving.glm-operator.dev/v1alpha1", "ModelVersion", "modelversions"),
+    ResourceKind(API_VERSION, "GLMService", "glmservices"),
+    ResourceKind(API_VERSION, "ModelVersion", "modelversions"),
     ResourceKind("apiextensions.k8s.io/v1", "CustomResourceDefinition",
                  "customresourcedefinitions", namespaced=False),
 ]

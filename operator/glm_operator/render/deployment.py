@@ -10,15 +10,13 @@ from typing import Any
 from glm_operator.planning.planner import Plan
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
-from glm_operator.render.names import LABEL_PREFIX, common_labels, dns_name, pool_selector
+from glm_operator.render.names import common_labels, dns_name, pool_selector
 from glm_operator.render.pod import PoolContext, pod_spec, startup_seconds
+from glm_operator.wellknown import INITIAL_REPLICAS_ANNOTATION as INITIAL_REPLICAS_ANNOTATION
+from glm_operator.wellknown import LONG_CONTEXT_POOL as LONG_CONTEXT_POOL
+from glm_operator.wellknown import MAIN_POOL as MAIN_POOL
+from glm_operator.wellknown import PLAN_HASH_ANNOTATION
 
-MAIN_POOL = "main"
-LONG_CONTEXT_POOL = "long-context"
-PLAN_HASH_ANNOTATION = f"{LABEL_PREFIX}/plan-hash"
-# Set where `replicas` is left out of the intent (an HPA or the gateway's wake-up owns it):
-# the replicas to create the Deployment with. Applying without `replicas` would create 1.
-INITIAL_REPLICAS_ANNOTATION = f"{LABEL_PREFIX}/initial-replicas"
 ENGINE_COMPONENT = "engine"
 
 

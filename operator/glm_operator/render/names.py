@@ -9,15 +9,15 @@ from __future__ import annotations
 import hashlib
 import re
 
-MAX_NAME = 63
-LABEL_PREFIX = "glm-operator.dev"
-SERVICE_LABEL = f"{LABEL_PREFIX}/service"
-VERSION_LABEL = f"{LABEL_PREFIX}/version"
-POOL_LABEL = f"{LABEL_PREFIX}/pool"
-MODEL_VERSION_LABEL = f"{LABEL_PREFIX}/model-version"  # children of a ModelVersion
-COMPONENT_LABEL = "app.kubernetes.io/component"
-MANAGED_BY = "glm-operator"
+# Re-exported: the renderers take their label keys from here.
+from glm_operator.wellknown import COMPONENT_LABEL as COMPONENT_LABEL
+from glm_operator.wellknown import MANAGED_BY as MANAGED_BY
+from glm_operator.wellknown import MODEL_VERSION_LABEL as MODEL_VERSION_LABEL
+from glm_operator.wellknown import POOL_LABEL as POOL_LABEL
+from glm_operator.wellknown import SERVICE_LABEL as SERVICE_LABEL
+from glm_operator.wellknown import VERSION_LABEL as VERSION_LABEL
 
+MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
 
 
