@@ -139,23 +139,36 @@ class AutoscalingTargets(SpecModel):
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 {
-                    "rule": "has(self.acceleratorMemoryUtilization) || "
-                    "has(self.requestsPerSecond) || has(self.queueLength)",
+                    "rule": "has(self.requestsPerSecond) || has(self.queueLength) || "
+                    "has(self.kvCacheUtilization) || has(self.acceleratorMemoryUtilization)",
                     "message": "autoscaling.targets needs at least one of "
-                    "acceleratorMemoryUtilization, requestsPerSecond, queueLength",
+                    "requestsPerSecond, queueLength, kvCacheUtilization, "
+                    "acceleratorMemoryUtilization",
                 }
             ]
         }
     }
 
+    kv_cache_utilization: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="Target share of the engine's KV cache in use, percent (the memory "
+        "signal that moves with load, for every engine).",
+    )
     accelerator_memory_utilization: int | None = Field(
         default=None,
         ge=1,
         le=100,
-        description="Target GPU/NPU memory utilisation, percent.",
+        description="Target GPU/NPU memory utilisation, percent: a guard only (engines "
+        "allocate their KV cache up front, so device memory hardly moves with load).",
     )
     requests_per_second: float | None = Field(
-        default=None, ge=0.001, le=100000, description="Target requests per second per replica."
+        default=None,
+        ge=0.001,
+        le=100000,
+        description="Target requests served per second per replica (rejections such as 401 "
+        "and 429 do not count).",
     )
     queue_length: int | None = Field(
         default=None,
@@ -168,6 +181,7 @@ class AutoscalingTargets(SpecModel):
     def _at_least_one(self) -> AutoscalingTargets:
         if (
             self.accelerator_memory_utilization is None
+            and self.kv_cache_utilization is None
             and self.requests_per_second is None
             and self.queue_length is None
         ):

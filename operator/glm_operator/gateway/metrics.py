@@ -22,6 +22,8 @@ REQUESTS_QUEUED = "glm_gateway_requests_queued"
 OVERFLOW_TOTAL = "glm_gateway_overflow_total"  # label outcome
 LONG_CONTEXT_WAKES_TOTAL = "glm_gateway_long_context_wakes_total"
 READY = "glm_gateway_ready"
+# Share of the engine's KV cache in use, 0..1, the same name for every engine and accelerator.
+KV_CACHE_USAGE_RATIO = "glm_gateway_kv_cache_usage_ratio"
 
 BASE_LABELS = ("service", "model_version", "pool")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,

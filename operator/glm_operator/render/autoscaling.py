@@ -1,7 +1,7 @@
 """The HPA (autoscaling/v2) of a service's main pool, on per-pod gateway and device metrics.
 
-The metric names are what prometheus-adapter exposes from the gateway's own series and from
-the device exporters (DCGM, npu-exporter); docs/autoscaling.md has the adapter rules.
+The metric names come from the catalogue of signals (render/scaling_metrics.py), which also
+generates the prometheus-adapter rules that serve them.
 """
 
 from __future__ import annotations
@@ -13,11 +13,7 @@ from glm_operator.api.glmservice import Autoscaling, ScalingRules
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.quantity import decimal_quantity
-
-# prometheus-adapter custom metrics (per pod), see docs/autoscaling.md.
-REQUESTS_PER_SECOND_METRIC = "glm_gateway_requests_per_second"
-QUEUE_LENGTH_METRIC = "glm_gateway_requests_queued"
-ACCELERATOR_MEMORY_METRIC = "glm_accelerator_memory_utilization_percent"
+from glm_operator.render.scaling_metrics import SIGNALS
 
 # A model pod takes minutes to load and holds scarce devices: add at most two per two
 # minutes, remove one per five minutes after fifteen quiet minutes.
@@ -40,18 +36,15 @@ def _pods_metric(name: str, average: str) -> dict[str, Any]:
     }}
 
 
+def target_values(autoscaling: Autoscaling) -> dict[str, float]:
+    """The targets set, by API field name (requestsPerSecond...)."""
+    return autoscaling.targets.model_dump(by_alias=True, exclude_none=True)
+
+
 def hpa_metrics(autoscaling: Autoscaling) -> list[dict[str, Any]]:
-    targets = autoscaling.targets
-    metrics = []
-    if targets.requests_per_second is not None:
-        metrics.append(_pods_metric(REQUESTS_PER_SECOND_METRIC,
-                                    decimal_quantity(targets.requests_per_second)))
-    if targets.queue_length is not None:
-        metrics.append(_pods_metric(QUEUE_LENGTH_METRIC, decimal_quantity(targets.queue_length)))
-    if targets.accelerator_memory_utilization is not None:
-        metrics.append(_pods_metric(ACCELERATOR_MEMORY_METRIC,
-                                    decimal_quantity(targets.accelerator_memory_utilization)))
-    return metrics
+    targets = target_values(autoscaling)
+    return [_pods_metric(signal.hpa_metric, decimal_quantity(targets[signal.target_field]))
+            for signal in SIGNALS if signal.target_field in targets]
 
 
 def _rules(default: dict[str, Any], user: ScalingRules | None) -> dict[str, Any]:
