@@ -69,8 +69,10 @@ def keys_dir(tmp_path: Path) -> Path:
 def gateway(engine: LlamaServer, keys_dir: Path, tmp_path: Path) -> Iterator[GatewayProcess]:
     with GatewayProcess.start(
         engine.url, tmp_path / "gw",
+        # No KV-cache readings: a /slots call delays llama-server's notice of a client gone
+        # from a non-streaming request (see that test). test_gateway_kv_cache.py has its own.
         ["--api-keys", str(keys_dir), "--model-version", "v1",
-         "--audit", str(tmp_path / "audit.jsonl")],
+         "--audit", str(tmp_path / "audit.jsonl"), "--kv-cache-poll-seconds", "0"],
         service_name=SERVICE,
     ) as gw:
         yield gw

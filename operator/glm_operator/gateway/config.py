@@ -53,6 +53,7 @@ class GatewayConfig:
     engine_health_timeout_seconds: float = 2.0  # /enginez and /readyz ask the engine's /health
     read_timeout_seconds: float = 600.0
     warmup: bool = True
+    kv_cache_poll_seconds: float = 5.0  # 0: no KV-cache gauge
 
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
@@ -160,6 +161,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "[GLM_GATEWAY_ENGINE_HEALTH_TIMEOUT]")
     add("--read-timeout", type=float, default=float(_env("READ_TIMEOUT", "600")),
         help="seconds without a byte from the engine before 504 [GLM_GATEWAY_READ_TIMEOUT]")
+    add("--kv-cache-poll-seconds", type=float,
+        default=float(_env("KV_CACHE_POLL_SECONDS", "5")),
+        help="seconds between readings of the engine's KV-cache use (the "
+             "glm_gateway_kv_cache_usage_ratio gauge); 0 disables "
+             "[GLM_GATEWAY_KV_CACHE_POLL_SECONDS]")
     add("--no-warmup", dest="warmup", action="store_false", default=_env_bool("WARMUP", True),
         help="report ready without a warm-up request [GLM_GATEWAY_WARMUP=false]")
 
@@ -202,4 +208,5 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         engine_health_timeout_seconds=args.engine_health_timeout,
         read_timeout_seconds=args.read_timeout,
         warmup=args.warmup,
+        kv_cache_poll_seconds=args.kv_cache_poll_seconds,
     )

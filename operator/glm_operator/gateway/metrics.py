@@ -46,6 +46,7 @@ class GatewayMetrics:
     overflow: Counter
     wakes: Counter
     ready: Gauge
+    kv_cache_usage: Gauge
     labels: dict[str, str]
     # Labelled children of the request metrics, cached: labels() costs a lock and a tuple
     # build, and record() runs once per request.
@@ -123,6 +124,9 @@ class GatewayMetrics:
             wakes=counter(LONG_CONTEXT_WAKES_TOTAL,
                           "Scale-from-zero calls made for the long-context pool."),
             ready=gauge(READY, "1 when /readyz answers 200."),
+            kv_cache_usage=gauge(KV_CACHE_USAGE_RATIO,
+                                 "Share of the engine's KV cache held by requests being "
+                                 "answered, 0..1 (absent until the engine first answers)."),
             labels=labels,
         )
         for outcome in OVERFLOW_OUTCOMES:

@@ -28,6 +28,7 @@ from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.errors import GatewayError
 from glm_operator.gateway.keys import ApiKeyStore
+from glm_operator.gateway.kv_cache import KvCacheProbe
 from glm_operator.gateway.metrics import GatewayMetrics
 from glm_operator.gateway.ratelimit import RateLimiter, TokenBudget
 from glm_operator.gateway.usage import context_overflow, token_counts
@@ -68,6 +69,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._waker: LongContextWaker | None = None
         self._warmup_task: asyncio.Task[None] | None = None
+        self._kv_cache_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
 
@@ -111,10 +113,20 @@ class Gateway:
                 on_scale=self.metrics.wakes.labels(**self.metrics.labels).inc,
             )
         self._warmup_task = asyncio.create_task(self._warm_up())
+        if self.config.kv_cache_poll_seconds > 0:
+            probe = KvCacheProbe(self.config.engine_url, self._session, self._publish_kv_cache,
+                                 self.config.kv_cache_poll_seconds,
+                                 self.config.engine_health_timeout_seconds)
+            self._kv_cache_task = asyncio.create_task(probe.poll())
+
+    def _publish_kv_cache(self, usage: float) -> None:
+        # The series appears with the first reading: no reading is not "0 % in use".
+        self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(usage)
 
     async def _stop(self, _app: web.Application) -> None:
-        if self._warmup_task is not None:
-            self._warmup_task.cancel()
+        for task in (self._warmup_task, self._kv_cache_task):
+            if task is not None:
+                task.cancel()
         if self._session is not None:
             await self._session.close()
         self.audit.close()
