@@ -20,6 +20,11 @@ from glm_operator.gateway.metrics import (
     REQUESTS_TOTAL,
     TIME_TO_FIRST_TOKEN,
 )
+from glm_operator.render.scaling_metrics import (
+    REJECTED_CODES,
+    REQUESTS_PER_SECOND,
+    adapter_query,
+)
 
 from e2e.gateway_standin import GatewayStandIn, gateway_standins
 from e2e.prometheus import PrometheusError, PrometheusServer, prometheus
@@ -120,6 +125,26 @@ def test_client_errors_are_counted_under_their_codes_not_as_5xx(
     assert ratio(prometheus, namespace, "v3", "429") == pytest.approx(0.2, abs=0.05)
     assert ratio(prometheus, namespace, "v3", "401") == pytest.approx(0.2, abs=0.05)
     assert ratio(prometheus, namespace, "v3", "4..") == pytest.approx(0.4, abs=0.05)
+
+
+def test_requests_per_second_counts_served_requests_not_rejections(
+    prometheus: PrometheusServer, scraped: dict[str, GatewayStandIn]
+) -> None:
+    """The HPA's requests-per-second rule, expanded as prometheus-adapter does, and the pool
+    query KEDA runs: v3's 429/401 rejections (40 %) are left out, its 503s (10 %) are not.
+    Compared with the same query over every code, in one evaluation (the 2 m rate window is
+    longer than this test's traffic, so only the ratio is steady)."""
+    v3 = scraped["v3"]
+    rule = REQUESTS_PER_SECOND.adapter_rule()
+    served = adapter_query(rule, v3.namespace, [v3.pod])
+    everything = served.replace(f',code!~"{REJECTED_CODES}"', "")
+    assert everything != served
+    samples = prometheus.query(f"({served}) / on (pod) ({everything})")
+    assert [labels["pod"] for labels, _ in samples] == [v3.pod]  # one value, for the pod
+    assert samples[0][1] == pytest.approx(0.6, abs=0.05)
+    pool = REQUESTS_PER_SECOND.pool_query(v3.namespace, SERVICE, "v3", "main")
+    pool_all = pool.replace(f',code!~"{REJECTED_CODES}"', "")
+    assert prometheus.value(f"({pool}) / ({pool_all})") == pytest.approx(0.6, abs=0.05)
 
 
 def test_targets_come_and_go_by_file_and_the_gateway_labels_win(

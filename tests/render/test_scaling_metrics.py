@@ -18,15 +18,10 @@ from glm_operator.render.scaling_metrics import (
     SIGNALS,
     ScalingSignal,
     adapter_config,
+    adapter_query,
 )
 
 TEMPLATE_FIELDS = ("<<.LabelMatchers>>", "<<.GroupBy>>")
-
-
-def expand(query: str, series: str, matchers: str, group_by: str) -> str:
-    """What prometheus-adapter sends to Prometheus for one rule."""
-    return (query.replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
-            .replace("<<.GroupBy>>", group_by))
 
 
 def balanced(query: str) -> bool:
@@ -67,8 +62,10 @@ def test_rules_are_well_formed(signal: ScalingSignal) -> None:
             assert f'{label}!=""' in rule["seriesQuery"]
         query = rule["metricsQuery"]
         assert all(field in query for field in TEMPLATE_FIELDS), query
-        expanded = expand(query, series, 'namespace="models",pod=~"a|b"', "pod")
+        expanded = adapter_query(rule, "models", ["a", "b"])
         assert "<<" not in expanded and balanced(expanded), expanded
+        pod_label = next(k for k, v in overrides.items() if v["resource"] == "pod")
+        assert f'{pod_label}=~"a|b"' in expanded and f") by ({pod_label})" in expanded
 
 
 @pytest.mark.parametrize("code,rejected", [

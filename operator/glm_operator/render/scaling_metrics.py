@@ -201,6 +201,20 @@ SIGNALS: tuple[ScalingSignal, ...] = (
 BY_TARGET_FIELD: dict[str, ScalingSignal] = {s.target_field: s for s in SIGNALS}
 
 
+def adapter_query(rule: dict[str, Any], namespace: str, pods: list[str]) -> str:
+    """The PromQL prometheus-adapter sends for one rule when the HPA asks for `pods`: its
+    template expansion, for tests and for checking a rule by hand."""
+    series = rule["name"]["matches"].strip("^$")
+    labels = {resource["resource"]: label
+              for label, resource in rule["resources"]["overrides"].items()}
+    pod_regex = "|".join(pods)
+    matchers = (f"{labels['namespace']}={_quote(namespace)},"
+                f"{labels['pod']}=~{_quote(pod_regex)}")
+    query: str = rule["metricsQuery"]
+    return (query.replace("<<.Series>>", series).replace("<<.LabelMatchers>>", matchers)
+            .replace("<<.GroupBy>>", labels["pod"]))
+
+
 def adapter_config() -> dict[str, Any]:
     """A prometheus-adapter config file (its `--config`; the chart's `rules.existing`)."""
     return {"rules": [rule for signal in SIGNALS for rule in signal.adapter_rules()]}
