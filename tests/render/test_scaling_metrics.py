@@ -92,6 +92,7 @@ def test_device_memory_rules_cover_every_exporter_and_the_renamed_labels() -> No
         # keeps the last rule that found series, so this variant must follow the plain one.
         'DCGM_FI_DEV_FB_USED{exported_namespace!="",exported_pod!=""}',
         'npu_chip_info_hbm_used_memory{namespace!="",pod_name!=""}',
+        'npu_chip_info_hbm_used_memory{exported_namespace!="",pod_name!=""}',
     ]
     assert rules[1]["resources"]["overrides"] == {
         "exported_namespace": {"resource": "namespace"},

@@ -142,6 +142,11 @@ def _dcgm_query(used: str = "<<.Series>>") -> str:
             f"sum({DCGM_FB_FREE}{matchers}) by (<<.GroupBy>>))")
 
 
+def _npu_query() -> str:
+    return (f"100 * sum(<<.Series>>{{<<.LabelMatchers>>}}) by (<<.GroupBy>>) / "
+            f"sum({NPU_HBM_TOTAL}{{<<.LabelMatchers>>}}) by (<<.GroupBy>>)")
+
+
 def _device_per_pod(used: str, total: str, namespace_label: str, pod_label: str) -> str:
     """Percent of device memory used per pod from one exporter's series, relabelled to
     namespace/pod so the variants combine."""
@@ -160,6 +165,7 @@ def _device_memory_per_pod_template() -> str:
         _device_per_pod(DCGM_FB_USED, f"({DCGM_FB_USED} + {DCGM_FB_FREE})",
                         "exported_namespace", "exported_pod"),
         _device_per_pod(NPU_HBM_USED, NPU_HBM_TOTAL, "namespace", "pod_name"),
+        _device_per_pod(NPU_HBM_USED, NPU_HBM_TOTAL, "exported_namespace", "pod_name"),
     ]
     # Device series carry no service labels: keep the pods whose gateway says they belong to
     # the pool.
@@ -181,12 +187,12 @@ ACCELERATOR_MEMORY_UTILIZATION = ScalingSignal(
                     note="NVIDIA dcgm-exporter scraped without honorLabels: Prometheus renames "
                          "the pod's labels to exported_namespace/exported_pod (this rule comes "
                          "last so it wins when both find series)"),
-        AdapterRule(series=NPU_HBM_USED,
-                    metrics_query=(f"100 * sum(<<.Series>>{{<<.LabelMatchers>>}}) by "
-                                   f"(<<.GroupBy>>) / sum({NPU_HBM_TOTAL}{{<<.LabelMatchers>>}}) "
-                                   "by (<<.GroupBy>>)"),
-                    pod_label="pod_name",
+        AdapterRule(series=NPU_HBM_USED, metrics_query=_npu_query(), pod_label="pod_name",
                     note="Huawei Ascend npu-exporter (MindX DL), which names the pod pod_name"),
+        AdapterRule(series=NPU_HBM_USED, metrics_query=_npu_query(),
+                    namespace_label="exported_namespace", pod_label="pod_name",
+                    note="npu-exporter scraped without honorLabels: Prometheus renames its "
+                         "namespace label to exported_namespace (pod_name does not clash)"),
     ),
     per_pod_template=_device_memory_per_pod_template(),
 )
