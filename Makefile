@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Create .venv with the package and its test and lint dependencies
 
-# Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts).
-SYSTEM_PACKAGES := prometheus
+# Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts) and
+# redis-server (the rate-limit store e2e/redis.py starts).
+SYSTEM_PACKAGES := prometheus redis-server
 
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.error
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -28,7 +28,9 @@ class GatewayProcess:
     @classmethod
     def start(cls, engine_url: str, log_dir: Path, args: Sequence[str] = (),
               service_name: str = "glm-test", wait_ready: bool = True,
-              timeout: float = 60.0) -> GatewayProcess:
+              timeout: float = 60.0, env: Mapping[str, str] | None = None
+              ) -> GatewayProcess:
+        """`env`: added to this process's environment (secrets the gateway reads only there)."""
         port = free_port()
         argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--host", "127.0.0.1",
                 "--port", str(port), "--engine-url", engine_url, "--service-name", service_name,
@@ -37,7 +39,8 @@ class GatewayProcess:
         log_path = log_dir / f"gateway-{port}.log"
         with log_path.open("wb") as log_file:
             process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+                                       stdin=subprocess.DEVNULL, start_new_session=True,
+                                       env={**os.environ, **env} if env else None)
         gateway = cls(process, port, log_path)
         try:
             gateway.wait("/readyz" if wait_ready else "/healthz", timeout)

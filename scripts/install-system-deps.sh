@@ -16,15 +16,19 @@ $sudo_cmd apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
   "${packages[@]}"
 
-# Debian starts (and enables) a system Prometheus on :9090 when it installs the package. The
-# tests start their own on a free port (e2e/prometheus.py); stop and disable the one we just
-# installed so nothing listens there because of us. One installed earlier is left alone.
+# Debian starts (and enables) a system service when it installs prometheus (:9090) or
+# redis-server (:6379). The tests start their own on free ports (e2e/prometheus.py,
+# e2e/redis.py); stop and disable the ones we just installed so nothing listens because of us.
+# One installed earlier is left alone.
 for pkg in "${packages[@]}"; do
-  [ "$pkg" = prometheus ] || continue
+  case "$pkg" in
+    prometheus|redis-server) service="$pkg" ;;
+    *) continue ;;
+  esac
   if [ -d /run/systemd/system ]; then
-    $sudo_cmd systemctl disable --now prometheus.service >/dev/null 2>&1 || true
-  elif [ -x /etc/init.d/prometheus ]; then
-    $sudo_cmd /etc/init.d/prometheus stop >/dev/null 2>&1 || true
-    $sudo_cmd update-rc.d prometheus disable >/dev/null 2>&1 || true
+    $sudo_cmd systemctl disable --now "$service.service" >/dev/null 2>&1 || true
+  elif [ -x "/etc/init.d/$service" ]; then
+    $sudo_cmd "/etc/init.d/$service" stop >/dev/null 2>&1 || true
+    $sudo_cmd update-rc.d "$service" disable >/dev/null 2>&1 || true
   fi
 done

@@ -174,7 +174,12 @@ GOLDEN_SPECS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("vllm", "ascend910b"): {
         "gateway": {"rateLimit": {"requestsPerMinute": 120, "burst": 5,
-                                  "tokensPerMinute": 100000},
+                                  "tokensPerMinute": 100000,
+                                  "store": {"redis": {"address": "redis.cache.svc:6379",
+                                                      "tls": True,
+                                                      "passwordSecret": {"name": "redis-auth",
+                                                                         "key": "password"}},
+                                            "onUnavailable": "Deny"}},
                     "audit": {"includePrompts": True}},
     },
 }

@@ -396,3 +396,36 @@ def test_long_names_stay_within_63_characters() -> None:
     objects = render_service(inputs(svc, mv, capabilities=Capabilities(service_monitor=True)))
     assert problems(objects) == []
     assert all(len(v) <= 63 for o in objects for v in o["metadata"]["labels"].values())
+
+
+def test_the_shared_store_reaches_the_gateway_and_its_password_only_from_the_secret() -> None:
+    import argparse
+
+    from glm_operator.gateway import config as gateway_config
+
+    store = {"redis": {"address": "redis.cache.svc:6379", "tls": True,
+                       "passwordSecret": {"name": "redis-auth", "key": "password"}},
+             "onUnavailable": "Deny", "timeout": "80ms"}
+    svc = service("llamacpp", "a10", longContext={"enabled": True, "contextLength": 65536},
+                  gateway={"rateLimit": {"requestsPerMinute": 60, "store": store}})
+    deployments = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")
+    assert len(deployments) == 2  # both pools share the store
+    for deployment in deployments:
+        gateway = container(deployment, "gateway")
+        assert gateway["env"] == [{
+            "name": gateway_config.REDIS_PASSWORD_ENV,
+            "valueFrom": {"secretKeyRef": {"name": "redis-auth", "key": "password"}}}]
+        assert "password" not in " ".join(gateway["args"]).lower()
+        parser = argparse.ArgumentParser()
+        gateway_config.add_arguments(parser)
+        parsed = gateway_config.from_args(parser.parse_args(gateway["args"][1:]))
+        assert parsed.rate_limit_store == gateway_config.RateLimitStoreConfig(
+            address="redis.cache.svc:6379", namespace=svc.metadata.namespace or "",
+            tls=True, on_unavailable="deny", timeout_seconds=0.08)
+
+
+def test_without_a_store_the_gateway_counts_per_pod() -> None:
+    svc = service("llamacpp", "a10", gateway={"rateLimit": {"requestsPerMinute": 60}})
+    deployment = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")[0]
+    gateway = container(deployment, "gateway")
+    assert "env" not in gateway and "--rate-limit-redis" not in gateway["args"]

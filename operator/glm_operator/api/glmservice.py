@@ -26,6 +26,7 @@ from glm_operator.api.base import (
     SecretName,
     SpecModel,
     StringMap,
+    duration_seconds,
 )
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
@@ -271,8 +272,107 @@ class LongContext(SpecModel):
         return self
 
 
+_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+REDIS_ADDRESS_PATTERN = (
+    r"^(\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?):" + _PORT + "$"
+)
+# The pod's own loopback: a store there is the pod's alone, never shared by the service.
+_LOOPBACK_PREFIXES = ("localhost:", "127.", "[::1]:")
+MAX_STORE_TIMEOUT = "1s"
+
+
+class SecretKeyRef(SpecModel):
+    """One key of a Secret in the GLMService's namespace."""
+
+    name: SecretName
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class RedisStore(SpecModel):
+    """A Redis (standalone, or a primary behind one address) every gateway pod can reach."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": " && ".join(f"!self.address.startsWith('{p}')"
+                                        for p in _LOOPBACK_PREFIXES),
+                    "message": "gateway.rateLimit.store.redis.address is a loopback address: "
+                    "each pod would count alone; give a Service name or address all the "
+                    "gateway pods reach",
+                    "fieldPath": ".address",
+                }
+            ]
+        }
+    }
+
+    address: str = Field(
+        max_length=260,
+        pattern=REDIS_ADDRESS_PATTERN,
+        description="host:port, e.g. redis.cache.svc:6379 ([v6]:port for an IPv6 address).",
+    )
+    tls: bool = Field(
+        default=False,
+        description="Connect with TLS; the server certificate must verify against the system "
+        "CAs of the operator image.",
+    )
+    password_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="The Redis password (AUTH): a Secret key, given to the gateway as an "
+        "environment variable from the Secret, never in the pod spec.",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _not_loopback(cls, address: str) -> str:
+        if address.startswith(_LOOPBACK_PREFIXES):
+            raise ValueError("gateway.rateLimit.store.redis.address is a loopback address: "
+                             "each pod would count alone")
+        return address
+
+
+class RateLimitStore(SpecModel):
+    """Where the gateways of one GLMService keep the buckets they share."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "duration(self.timeout) > duration('0s') && "
+                    f"duration(self.timeout) <= duration('{MAX_STORE_TIMEOUT}')",
+                    "message": "gateway.rateLimit.store.timeout must be above 0 and at most "
+                    f"{MAX_STORE_TIMEOUT} (every request waits for it)",
+                    "fieldPath": ".timeout",
+                }
+            ]
+        }
+    }
+
+    redis: RedisStore = Field(description="The Redis that holds every replica's buckets.")
+    on_unavailable: Literal["Allow", "Deny"] = Field(
+        default="Allow",
+        description="When Redis does not answer within `timeout`: Allow counts in each pod's "
+        "own buckets meanwhile (the limit then holds per pod, up to limit x ready pods for "
+        "the service); Deny answers 503 with Retry-After. Redis is asked again a second "
+        "later.",
+    )
+    timeout: Duration = Field(
+        default="50ms",
+        description="How long a request waits for Redis before `onUnavailable` applies.",
+    )
+
+    @field_validator("timeout")
+    @classmethod
+    def _short_timeout(cls, timeout: str) -> str:
+        if not 0 < duration_seconds(timeout) <= duration_seconds(MAX_STORE_TIMEOUT):
+            raise ValueError(f"gateway.rateLimit.store.timeout must be above 0 and at most "
+                             f"{MAX_STORE_TIMEOUT}")
+        return timeout
+
+
 class RateLimit(SpecModel):
-    """Per-API-key token bucket; over the limit the gateway answers 429 with Retry-After."""
+    """Per-API-key token buckets; over the limit the gateway answers 429 with Retry-After.
+    Per gateway pod unless `store` is set."""
 
     model_config = {
         "json_schema_extra": {
@@ -297,6 +397,12 @@ class RateLimit(SpecModel):
         ge=1,
         le=1_000_000,
         description="Bucket size in requests; requestsPerMinute/6 (10 s worth) when unset.",
+    )
+    store: RateLimitStore | None = Field(
+        default=None,
+        description="A shared store (Redis) that makes the limits hold for the whole service, "
+        "across replicas and both pools. Without it each gateway pod enforces the limits on "
+        "its own, so the service as a whole admits up to the limit x its ready pods.",
     )
 
     @model_validator(mode="after")

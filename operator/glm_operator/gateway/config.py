@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +29,42 @@ class WakeConfig:
     retry_after_seconds: int = 30
 
 
+OnUnavailable = Literal["allow", "deny"]
+ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("allow", "deny")
+# Only from the environment (a Secret's key, in the pod): a flag would show in the pod spec
+# and in `ps`.
+REDIS_PASSWORD_ENV = "GLM_GATEWAY_RATE_LIMIT_REDIS_PASSWORD"
+
+
+@dataclass(frozen=True)
+class RateLimitStoreConfig:
+    """Where the service's shared rate-limit buckets live (ratelimit_store.py)."""
+
+    address: str  # host:port of a Redis
+    namespace: str  # with the service name, the buckets' key prefix
+    tls: bool = False
+    password: str = field(default="", repr=False)
+    on_unavailable: OnUnavailable = "allow"  # allow: per-pod buckets; deny: 503
+    timeout_seconds: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.on_unavailable not in ON_UNAVAILABLE:
+            raise ValueError(f"on_unavailable must be one of {ON_UNAVAILABLE}, "
+                             f"got {self.on_unavailable!r}")
+        split_address(self.address)
+        if not 0 < self.timeout_seconds <= 5:
+            raise ValueError("the rate-limit store timeout must be in (0, 5] seconds, "
+                             f"got {self.timeout_seconds:g}")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """"host:port" or "[v6]:port" -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"the Redis address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     engine_url: str
@@ -45,6 +81,7 @@ class GatewayConfig:
     rate_limit_rps: float = 0.0  # per key; 0 disables
     rate_limit_burst: int = 0  # 0: max(1, ceil(rps))
     rate_limit_tokens_per_minute: int = 0  # per key, prompt + completion; 0 disables
+    rate_limit_store: RateLimitStoreConfig | None = None  # None: each pod counts on its own
     max_body_bytes: int = 4 * 1024 * 1024
     stop_sequences: tuple[str, ...] = ()
     audit: str = "off"  # off | stdout | a file path
@@ -143,6 +180,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=int(_env("RATE_LIMIT_TOKENS_PER_MINUTE", "0")),
         help="prompt + completion tokens per minute per key, charged from each answer's usage; "
              "0 = unlimited [GLM_GATEWAY_RATE_LIMIT_TOKENS_PER_MINUTE]")
+    add("--rate-limit-redis", default=_env("RATE_LIMIT_REDIS") or None, metavar="HOST:PORT",
+        help="a Redis shared by every replica of the service: the limits then hold for the "
+             "service, not per pod; its password comes from $" + REDIS_PASSWORD_ENV +
+             " only [GLM_GATEWAY_RATE_LIMIT_REDIS]")
+    add("--rate-limit-redis-tls", action="store_true",
+        default=_env_bool("RATE_LIMIT_REDIS_TLS", False),
+        help="talk TLS to the Redis, verified against the system CAs "
+             "[GLM_GATEWAY_RATE_LIMIT_REDIS_TLS]")
+    add("--rate-limit-store-unavailable", choices=ON_UNAVAILABLE,
+        default=_env("RATE_LIMIT_STORE_UNAVAILABLE", "allow"),
+        help="when the Redis does not answer in time: allow = count in this pod's own "
+             "buckets, deny = 503 [GLM_GATEWAY_RATE_LIMIT_STORE_UNAVAILABLE]")
+    add("--rate-limit-store-timeout", type=float,
+        default=float(_env("RATE_LIMIT_STORE_TIMEOUT", "0.05")),
+        help="seconds the Redis may take per request before it counts as unavailable "
+             "[GLM_GATEWAY_RATE_LIMIT_STORE_TIMEOUT]")
     add("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(4 * 1024 * 1024))),
         help="request body limit, 413 above it [GLM_GATEWAY_MAX_BODY_BYTES]")
     add("--stop", action="append", default=None,
@@ -185,6 +238,14 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
             health_path=args.long_context_health_path,
             timeout_seconds=args.wake_timeout,
         )
+    store = None
+    if args.rate_limit_redis:
+        store = RateLimitStoreConfig(
+            address=args.rate_limit_redis, namespace=args.namespace,
+            tls=args.rate_limit_redis_tls, password=os.environ.get(REDIS_PASSWORD_ENV, ""),
+            on_unavailable=args.rate_limit_store_unavailable,
+            timeout_seconds=args.rate_limit_store_timeout,
+        )
     return GatewayConfig(
         engine_url=args.engine_url.rstrip("/"),
         service_name=args.service_name,
@@ -200,6 +261,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         rate_limit_rps=args.rate_limit_rps,
         rate_limit_burst=args.rate_limit_burst,
         rate_limit_tokens_per_minute=args.rate_limit_tokens_per_minute,
+        rate_limit_store=store,
         max_body_bytes=args.max_body_bytes,
         stop_sequences=tuple(stops),
         audit=args.audit,

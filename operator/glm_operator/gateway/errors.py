@@ -63,6 +63,16 @@ def tokens_rate_limited(retry_after: int, tokens_per_minute: int, balance: float
     )
 
 
+def limit_store_unavailable(address: str, retry_after: int) -> GatewayError:
+    return GatewayError(
+        503,
+        f"The rate-limit store ({address}) is unavailable and this service refuses requests "
+        f"it cannot count (gateway.rateLimit.store.onUnavailable: Deny); "
+        f"retry after {retry_after} s.",
+        "server_error", None, "rate_limit_store_unavailable", retry_after,
+    )
+
+
 def too_large(limit: int) -> GatewayError:
     return GatewayError(
         413, f"Request body is larger than the limit of {limit} bytes.",

@@ -24,6 +24,9 @@ LONG_CONTEXT_WAKES_TOTAL = "glm_gateway_long_context_wakes_total"
 READY = "glm_gateway_ready"
 # Share of the engine's KV cache in use, 0..1, the same name for every engine and accelerator.
 KV_CACHE_USAGE_RATIO = "glm_gateway_kv_cache_usage_ratio"
+# Only with a shared rate-limit store (gateway.rateLimit.store):
+RATE_LIMIT_STORE_ERRORS_TOTAL = "glm_gateway_rate_limit_store_errors_total"  # label reason
+RATE_LIMIT_STORE_UP = "glm_gateway_rate_limit_store_up"
 
 BASE_LABELS = ("service", "model_version", "pool")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -31,6 +34,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                 30.0, 60.0)
 OVERFLOW_OUTCOMES = ("routed", "no_pool", "wake_timeout", "failed")
+STORE_ERROR_REASONS = ("timeout", "connection", "error")
 
 
 @dataclass
@@ -47,6 +51,8 @@ class GatewayMetrics:
     wakes: Counter
     ready: Gauge
     kv_cache_usage: Gauge
+    store_errors: Counter
+    store_up: Gauge
     labels: dict[str, str]
     # Labelled children of the request metrics, cached: labels() costs a lock and a tuple
     # build, and record() runs once per request.
@@ -127,6 +133,12 @@ class GatewayMetrics:
             kv_cache_usage=gauge(KV_CACHE_USAGE_RATIO,
                                  "Share of the engine's KV cache held by requests being "
                                  "answered, 0..1 (absent until the engine first answers)."),
+            store_errors=counter(RATE_LIMIT_STORE_ERRORS_TOTAL,
+                                 "Calls to the shared rate-limit store that failed, by reason "
+                                 "(timeout, connection, error).", ("reason",)),
+            store_up=gauge(RATE_LIMIT_STORE_UP,
+                           "1 while the shared rate-limit store answers, 0 while the "
+                           "gateway falls back (gateway.rateLimit.store.onUnavailable)."),
             labels=labels,
         )
         for outcome in OVERFLOW_OUTCOMES:

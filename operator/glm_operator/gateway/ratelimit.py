@@ -17,13 +17,18 @@ from collections.abc import Callable
 IDLE_EVICT_SECONDS = 600.0
 
 
+def default_burst(rate: float) -> float:
+    """A request bucket's size when none is set: one second's worth, at least one."""
+    return float(max(1, math.ceil(rate)))
+
+
 class RateLimiter:
     def __init__(self, rate: float, burst: int = 0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if rate <= 0:
             raise ValueError("rate must be positive; use no limiter for unlimited")
         self.rate = rate
-        self.burst = float(burst if burst > 0 else max(1, math.ceil(rate)))
+        self.burst = float(burst) if burst > 0 else default_burst(rate)
         self._clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, updated_at)
         self._last_sweep = clock()

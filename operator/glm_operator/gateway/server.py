@@ -29,8 +29,8 @@ from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.errors import GatewayError
 from glm_operator.gateway.keys import ApiKeyStore
 from glm_operator.gateway.kv_cache import KvCacheProbe
+from glm_operator.gateway.limits import KeyLimits
 from glm_operator.gateway.metrics import GatewayMetrics
-from glm_operator.gateway.ratelimit import RateLimiter, TokenBudget
 from glm_operator.gateway.usage import context_overflow, token_counts
 from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
 from glm_operator.gateway.wake import LongContextWaker, WakeError
@@ -55,10 +55,7 @@ class Gateway:
         self._queued = self.metrics.queued.labels(**labels)
         self._ready_gauge = self.metrics.ready.labels(**labels)
         self.keys = ApiKeyStore(config.api_keys_path) if config.api_keys_path else None
-        self.limiter = (RateLimiter(config.rate_limit_rps, config.rate_limit_burst)
-                        if config.rate_limit_rps > 0 else None)
-        self.token_budget = (TokenBudget(config.rate_limit_tokens_per_minute)
-                             if config.rate_limit_tokens_per_minute > 0 else None)
+        self.limits = KeyLimits.from_config(config, self.metrics)
         self.audit = AuditLog(config.audit, {"service": config.service_name,
                                              "model_version": config.model_version,
                                              "pool": config.pool}, config.audit_include_text)
@@ -70,6 +67,7 @@ class Gateway:
         self._waker: LongContextWaker | None = None
         self._warmup_task: asyncio.Task[None] | None = None
         self._kv_cache_task: asyncio.Task[None] | None = None
+        self._limits_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
 
@@ -118,18 +116,22 @@ class Gateway:
                                  self.config.kv_cache_poll_seconds,
                                  self.config.engine_health_timeout_seconds)
             self._kv_cache_task = asyncio.create_task(probe.poll())
+        if self.limits is not None:
+            self._limits_task = asyncio.create_task(self.limits.start())
 
     def _publish_kv_cache(self, usage: float) -> None:
         # The series appears with the first reading: no reading is not "0 % in use".
         self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(usage)
 
     async def _stop(self, _app: web.Application) -> None:
-        for task in (self._warmup_task, self._kv_cache_task):
+        for task in (self._warmup_task, self._kv_cache_task, self._limits_task):
             if task is not None:
                 task.cancel()
         if self._session is not None:
             await self._session.close()
         self.audit.close()
+        if self.limits is not None:
+            await self.limits.close()
 
     async def _warm_up(self) -> None:
         """Wait for the engine to load, answer one tiny request, learn its context and slots."""
@@ -291,16 +293,8 @@ class Gateway:
         try:
             try:
                 record.key_id = self._authenticate(request)
-                budget = self.token_budget
-                if budget is not None:  # before the request bucket: refusing here takes nothing
-                    wait = budget.admit(record.key_id)
-                    if wait:
-                        raise errors.tokens_rate_limited(wait, budget.tokens_per_minute,
-                                                         budget.balance(record.key_id))
-                if self.limiter is not None:
-                    wait = self.limiter.acquire(record.key_id)
-                    if wait:
-                        raise errors.rate_limited(wait, self.limiter.rate)
+                if self.limits is not None:
+                    await self.limits.admit(record.key_id)
                 parsed = parse_request(await self._read_body(request), endpoint,
                                        self.config.stop_sequences)
                 record.stream = parsed.stream
@@ -325,9 +319,12 @@ class Gateway:
             self._in_flight.dec()
             elapsed = time.perf_counter() - started
             record.duration_ms = elapsed * 1000
-            if self.token_budget is not None:
-                self.token_budget.charge(record.key_id, tokens_to_charge(record))
             self._observe(record, elapsed)
+            if self.limits is not None:
+                charge = self.limits.charge(record.key_id, tokens_to_charge(record))
+                # Shielded when it waits for the store: a client that went away cancels the
+                # request, not its charge.
+                await (asyncio.shield(charge) if self.limits.store is not None else charge)
 
     def _observe(self, record: AuditRecord, elapsed: float) -> None:
         self.metrics.record(record.endpoint, record.status, elapsed, record.stream,
@@ -449,7 +446,8 @@ class Gateway:
         await response.prepare(request)
         tail: deque[bytes] = deque(maxlen=STREAM_TAIL_CHUNKS)
         everything: list[bytes] | None = [] if self.audit.include_text else None
-        count_events = self.token_budget is not None  # the estimate if the client leaves
+        # the estimate if the client leaves
+        count_events = self.limits is not None and self.limits.limits.tokens_per_minute > 0
         first = True
         try:
             async for chunk in upstream.content.iter_any():

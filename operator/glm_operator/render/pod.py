@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from glm_operator.api.base import duration_seconds
 from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig
+from glm_operator.gateway.config import REDIS_PASSWORD_ENV
 from glm_operator.planning import memory as mem
 from glm_operator.planning.planner import Plan
 from glm_operator.render.engine_args import engine_argv
@@ -314,7 +316,26 @@ def rate_limit_args(service: GLMService) -> list[str]:
         args += ["--rate-limit-rps", f"{rps:.6g}", "--rate-limit-burst", str(burst)]
     if limit.tokens_per_minute is not None:
         args += ["--rate-limit-tokens-per-minute", str(limit.tokens_per_minute)]
+    store = limit.store
+    if store is not None:
+        # The password is not here: rate_limit_env passes it from its Secret.
+        args += ["--rate-limit-redis", store.redis.address,
+                 "--rate-limit-store-unavailable", store.on_unavailable.lower(),
+                 "--rate-limit-store-timeout", f"{duration_seconds(store.timeout):g}"]
+        if store.redis.tls:
+            args.append("--rate-limit-redis-tls")
     return args
+
+
+def rate_limit_env(service: GLMService) -> list[dict[str, Any]]:
+    """The shared store's password, from its Secret key straight into the environment: never
+    in the args or the pod spec's plain values."""
+    limit = service.spec.gateway.rate_limit
+    secret = limit.store.redis.password_secret if limit and limit.store else None
+    if secret is None:
+        return []
+    return [{"name": REDIS_PASSWORD_ENV,
+             "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]
 
 
 def engine_context_and_slots(plan: Plan) -> tuple[int, int]:
@@ -354,11 +375,13 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
     args += ["--audit", "stdout" if gw.audit.enabled else "off"]
     if gw.audit.enabled and gw.audit.include_prompts:
         args.append("--audit-include-text")
+    env = rate_limit_env(ctx.service)
     return {
         "name": GATEWAY_CONTAINER,
         "image": config.operator_image,
         "command": ["glm-operator"],
         "args": args,
+        **({"env": env} if env else {}),
         "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": config.gateway_port,
                    "protocol": "TCP"}],
         "resources": gateway_resources(config),

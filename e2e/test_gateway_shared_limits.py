@@ -1,0 +1,274 @@
+"""Rate limits shared by a service's gateways through a real Redis (Debian's redis-server).
+
+Two real gateway processes, one per pool of the same GLMService (main and long-context),
+in front of the real llama-server, share one Redis: a key's limit holds for the two
+together. Redis killed: `allow` counts in each pod's own buckets, `deny` answers 503; Redis
+hanging (SIGSTOP): the same after the store timeout; Redis back: shared again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from glm_operator.gateway.config import REDIS_PASSWORD_ENV, RateLimitStoreConfig
+from glm_operator.gateway.keys import key_id
+from glm_operator.gateway.limits import KeyLimits
+from glm_operator.gateway.metrics import RATE_LIMIT_STORE_ERRORS_TOTAL, RATE_LIMIT_STORE_UP
+from glm_operator.gateway.ratelimit_store import (
+    ADMITTED,
+    Limits,
+    RedisBuckets,
+    bucket_keys,
+    redis_client,
+)
+
+from e2e.gateway_process import GatewayProcess
+from e2e.llama import LlamaServer, llama_server_binary
+from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.redis import RedisServer, redis_server
+from e2e.test_gateway import metric_value
+
+pytestmark = pytest.mark.llama
+__all__ = ["redis_server"]  # the fixture
+
+SERVICE = "glm-shared"
+NAMESPACE = "team-a"
+KEY = "sk-shared-key"
+OTHER = "sk-other-key"
+# A refill this slow adds nothing during a test: every admitted request came from the burst.
+SLOW_RPS = "0.01"
+UNAVAILABLE = "unavailable ("  # in the one warning a gateway logs per outage
+BACK = "answers again"  # in the one it logs when the outage ends
+# Longer than the 50 ms default: on a busy two-core test machine a reconnect after a restart
+# (connect, AUTH, NOSCRIPT, SCRIPT LOAD, EVALSHA) can take that long, and these tests are
+# about sharing and failing over, not about the deadline. The hanging test sets its own.
+STORE_TIMEOUT = "0.5"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    root = tmp_path_factory.mktemp("shared-limits")
+    model = write_tiny_llama(root / "tiny.gguf", TinyLlamaSpec(n_ctx_train=4096))
+    with LlamaServer.start([str(llama_server_binary()), "-m", str(model), "-c", "2048",
+                            "-np", "2", "--metrics", "-t", "1"], root) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def keys_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    keys = tmp_path_factory.mktemp("keys")
+    (keys / "a").write_text(KEY)
+    (keys / "b").write_text(OTHER)
+    return keys
+
+
+def start_pools(stack: ExitStack, engine: LlamaServer, keys: Path, store: RedisServer,
+                log_dir: Path, limits: Sequence[str], on_unavailable: str = "allow"
+                ) -> tuple[GatewayProcess, GatewayProcess]:
+    """The main and the long-context pool's gateways of one service, on one Redis."""
+    common = ["--api-keys", str(keys), "--namespace", NAMESPACE, "--model-version", "v1",
+              "--rate-limit-redis", store.address, "--rate-limit-store-unavailable",
+              on_unavailable, "--rate-limit-store-timeout", STORE_TIMEOUT, *limits]
+    env = {REDIS_PASSWORD_ENV: store.password}
+    return (stack.enter_context(GatewayProcess.start(
+                engine.url, log_dir, [*common, "--pool", "main"], SERVICE, env=env)),
+            stack.enter_context(GatewayProcess.start(
+                engine.url, log_dir, [*common, "--pool", "long-context"], SERVICE, env=env)))
+
+
+def ask(gateway: GatewayProcess, key: str = KEY, max_tokens: int = 1
+        ) -> tuple[int, dict[str, str], Any]:
+    """One chat request: (status, headers, JSON body)."""
+    body = {"model": SERVICE, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    request = urllib.request.Request(
+        gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read())
+
+
+def statuses(gateways: Sequence[GatewayProcess], count: int, key: str = KEY) -> list[int]:
+    """`count` requests, taking turns across `gateways`."""
+    return [ask(gateways[i % len(gateways)], key)[0] for i in range(count)]
+
+
+def direct_client(store: RedisServer) -> redis.Redis:
+    host, _, port = store.address.rpartition(":")
+    return redis.Redis(host=host, port=int(port), password=store.password)
+
+
+def warnings_about_store(gateway: GatewayProcess) -> list[str]:
+    return [line for line in gateway.log_text().splitlines()
+            if UNAVAILABLE in line or BACK in line]
+
+
+def test_two_pools_share_one_request_limit(engine: LlamaServer, keys_dir: Path,
+                                           redis_server: RedisServer, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        main, long_context = start_pools(stack, engine, keys_dir, redis_server, tmp_path,
+                                         ["--rate-limit-rps", SLOW_RPS, "--rate-limit-burst", "4"])
+        got = statuses([main, long_context], 10)
+        assert got.count(200) == 4 and got.count(429) == 6, got  # the limit, not twice it
+        status, headers, body = ask(long_context)
+        assert status == 429 and body["error"]["type"] == "requests"
+        assert 1 <= int(headers["Retry-After"]) <= 100  # (1 - balance) / 0.01 per second
+        assert ask(main, OTHER)[0] == 200  # another key has buckets of its own
+
+        # The keys name the namespace, the service and the key id, never the key; each
+        # expires once its bucket would be full again.
+        client = stack.enter_context(direct_client(redis_server))
+        stored = {name.decode() for name in client.keys("*")}
+        expected = {bucket_keys(NAMESPACE, SERVICE, key_id(k))[1] for k in (KEY, OTHER)}
+        assert stored == expected
+        assert all(KEY not in name and OTHER not in name for name in stored)
+        assert all(0 < client.pttl(name) <= 401_000 for name in stored)  # 4 tokens at 0.01/s
+
+
+def test_two_pools_share_one_token_budget(engine: LlamaServer, keys_dir: Path,
+                                          redis_server: RedisServer, tmp_path: Path) -> None:
+    """Charged by one pool after its answer, refused by the other."""
+    status, _, direct = ask_engine(engine)
+    cost = direct["usage"]["prompt_tokens"] + direct["usage"]["completion_tokens"]
+    per_minute = cost + cost // 2  # room for one request and a half
+    with ExitStack() as stack:
+        main, long_context = start_pools(stack, engine, keys_dir, redis_server, tmp_path,
+                                         ["--rate-limit-tokens-per-minute", str(per_minute)])
+        assert ask(main, max_tokens=16)[0] == 200
+        assert ask(long_context, max_tokens=16)[0] == 200  # admitted on the half left
+        status, headers, body = ask(main, max_tokens=16)
+        assert status == 429 and body["error"]["type"] == "tokens", body
+        # Balance about -cost/2: Retry-After = (1 + cost/2) / (per_minute / 60), rounded up.
+        rate = per_minute / 60
+        assert (cost // 2 - 2) / rate <= int(headers["Retry-After"]) <= (cost // 2 + 3) / rate
+        assert ask(long_context, OTHER, max_tokens=16)[0] == 200
+
+
+def ask_engine(engine: LlamaServer) -> tuple[int, dict[str, str], Any]:
+    body = {"model": SERVICE, "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    request = urllib.request.Request(engine.url + "/v1/chat/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status, dict(response.headers), json.loads(response.read())
+
+
+def wait_for_retry_window() -> None:
+    """A gateway asks a failed store again one second after the failure."""
+    time.sleep(1.2)
+
+
+def test_store_killed_allow_counts_per_pod_then_shares_again(
+        engine: LlamaServer, keys_dir: Path, redis_server: RedisServer, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        pools = start_pools(stack, engine, keys_dir, redis_server, tmp_path,
+                            ["--rate-limit-rps", SLOW_RPS, "--rate-limit-burst", "2"])
+        assert statuses(pools, 4) == [200, 200, 429, 429]
+
+        redis_server.kill()
+        for gateway in pools:  # each pod's own bucket: the limit per pod
+            assert [ask(gateway)[0] for _ in range(3)] == [200, 200, 429]
+            metrics = gateway.metrics_text()
+            assert metric_value(metrics, RATE_LIMIT_STORE_ERRORS_TOTAL,
+                                reason="connection") >= 1
+            assert metric_value(metrics, RATE_LIMIT_STORE_UP) == 0
+            assert len(warnings_about_store(gateway)) == 1  # once per outage, not per request
+
+        redis_server.start()  # same port, empty
+        wait_for_retry_window()
+        assert statuses(pools, 4) == [200, 200, 429, 429]  # shared again
+        for gateway in pools:
+            assert metric_value(gateway.metrics_text(), RATE_LIMIT_STORE_UP) == 1
+            assert len(warnings_about_store(gateway)) == 2  # unavailable, answers again
+
+
+def test_store_hanging_deny_answers_503_then_recovers(
+        engine: LlamaServer, keys_dir: Path, redis_server: RedisServer, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        main, long_context = start_pools(
+            stack, engine, keys_dir, redis_server, tmp_path,
+            ["--rate-limit-rps", SLOW_RPS, "--rate-limit-burst", "5",
+             "--rate-limit-store-timeout", "0.25"], on_unavailable="deny")
+        assert ask(main)[0] == 200
+
+        redis_server.pause()  # accepts connections, answers nothing
+        try:
+            status, headers, body = ask(main)
+            assert status == 503, body
+            assert body["error"]["code"] == "rate_limit_store_unavailable"
+            assert "onUnavailable: Deny" in body["error"]["message"]
+            assert headers["Retry-After"] == "1"
+            assert metric_value(main.metrics_text(), RATE_LIMIT_STORE_ERRORS_TOTAL,
+                                reason="timeout") >= 1
+            # Within the retry window the store is not asked again: no wait, the same answer.
+            assert ask(main)[0] == 503
+            assert ask(long_context)[0] == 503
+        finally:
+            redis_server.resume()
+        wait_for_retry_window()
+        assert ask(main)[0] == 200
+        assert ask(long_context)[0] == 200
+        assert len(warnings_about_store(main)) == 2
+
+
+def buckets_on(store: RedisServer, limits: Limits, timeout: float = 2.0) -> RedisBuckets:
+    config = RateLimitStoreConfig(address=store.address, namespace=NAMESPACE,
+                                  password=store.password, timeout_seconds=timeout)
+    return RedisBuckets(redis_client(config), limits, NAMESPACE, SERVICE, timeout)
+
+
+async def test_scripts_match_the_local_buckets(redis_server: RedisServer) -> None:
+    """The Lua scripts against the real Redis give what RateLimiter and TokenBudget give,
+    and survive a SCRIPT FLUSH (NOSCRIPT: loaded again)."""
+    limits = Limits(requests_per_second=0.01, burst=3.0, tokens_per_minute=60)
+    shared = buckets_on(redis_server, limits)
+    local = KeyLimits(limits)
+    try:
+        for _ in range(3):
+            assert await shared.admit("k1") == local.admit_locally("k1") == ADMITTED
+        refused, expected = await shared.admit("k1"), local.admit_locally("k1")
+        assert (refused.refused, refused.wait) == (expected.refused, expected.wait) \
+            == ("requests", 100)
+
+        await shared.client.script_flush()
+        balance = await shared.charge("k2", 100)  # 60 per minute: 40 over
+        assert local.budget is not None
+        local.budget.charge("k2", 100)
+        assert balance == pytest.approx(local.budget.balance("k2"), abs=0.5)
+        refused, expected = await shared.admit("k2"), local.admit_locally("k2")
+        assert refused.refused == expected.refused == "tokens"
+        assert abs(refused.wait - expected.wait) <= 1 and refused.wait == pytest.approx(41, abs=1)
+        assert refused.balance == pytest.approx(-40, abs=0.5)
+        # Kept until the balance is full again: (60 + 40) / 1 per second, plus a second.
+        tokens_key = bucket_keys(NAMESPACE, SERVICE, "k2")[0]
+        assert 99_000 <= await shared.client.pttl(tokens_key) <= 101_000
+    finally:
+        await shared.close()
+
+
+async def test_concurrent_admissions_never_share_the_last_token(
+        redis_server: RedisServer) -> None:
+    """Two clients (two gateways), 60 requests at once, a burst of 25: exactly 25 pass."""
+    limits = Limits(requests_per_second=0.01, burst=25.0)
+    first, second = buckets_on(redis_server, limits), buckets_on(redis_server, limits)
+    try:
+        verdicts = await asyncio.gather(*(
+            (first if i % 2 else second).admit("k1") for i in range(60)))
+        assert sum(v == ADMITTED for v in verdicts) == 25
+    finally:
+        await first.close()
+        await second.close()
