@@ -141,9 +141,10 @@ def redis_client(config: RateLimitStoreConfig) -> redis.Redis:
     host, port = split_address(config.address)
     return redis.Redis(
         host=host, port=port, password=config.password or None, ssl=config.tls,
-        socket_connect_timeout=config.timeout_seconds, socket_timeout=config.timeout_seconds,
-        # No retries of its own: the gateway has a deadline of tens of milliseconds and a
-        # decision (onUnavailable) for when it passes.
+        # Each call runs under asyncio.timeout (RedisBuckets); a socket timeout as well would
+        # only add two timers per command. No retries of its own either: the gateway has a
+        # deadline of tens of milliseconds and a decision (onUnavailable) for when it passes.
+        socket_connect_timeout=config.timeout_seconds,
         retry=Retry(NoBackoff(), 0), client_name="glm-gateway",
     )
 
