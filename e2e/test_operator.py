@@ -136,6 +136,39 @@ def test_gpu_service_lands_on_a10_nodes_with_gpu_requests(
     assert kubectl.exists("hpa", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
 
 
+def test_device_memory_target_below_the_plan_is_refused_with_the_numbers(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    """llama.cpp allocates its KV cache at load: a device-memory target at or below the
+    plan's steady figure would pin the HPA at maxReplicas. The operator leaves it out of the
+    HPA and says why; raised above the plan, it is kept as a guard."""
+    mv, svc = example("nvidia-a10-llamacpp")
+    deploy_model(kubectl, namespace, mv, wait_for)
+    low = copy.deepcopy(svc)
+    low["spec"]["autoscaling"]["targets"] = {"queueLength": 2,
+                                             "acceleratorMemoryUtilization": 10}
+    kubectl.apply(low, namespace=namespace)
+    name = low["metadata"]["name"]
+    cond = wait_condition(kubectl, namespace, name, "AutoscalingTargetsValid", "False",
+                          wait_for)
+    assert cond["reason"] == "MemoryTargetBelowPlan"
+    for part in ("acceleratorMemoryUtilization 10 %", "GiB per device", "kvCacheUtilization"):
+        assert part in cond["message"], cond["message"]
+
+    def hpa_metrics() -> list[str] | None:
+        hpas = kubectl.items("hpa", "-n", namespace, "-l", f"{SERVICE_LABEL}={name}")
+        return [m["pods"]["metric"]["name"] for m in hpas[0]["spec"]["metrics"]] if hpas else None
+
+    assert wait_for(hpa_metrics, timeout=30, what="the HPA") == ["glm_gateway_requests_queued"]
+
+    low["spec"]["autoscaling"]["targets"]["acceleratorMemoryUtilization"] = 99
+    kubectl.apply(low, namespace=namespace)
+    cond = wait_condition(kubectl, namespace, name, "AutoscalingTargetsValid", "True", wait_for)
+    assert "kept as a guard" in cond["message"]
+    assert wait_for(lambda: len(hpa_metrics() or []) == 2 and hpa_metrics(), timeout=30,
+                    what="the memory guard in the HPA") == [
+        "glm_gateway_requests_queued", "glm_accelerator_memory_utilization_percent"]
+
+
 def test_context_change_replaces_pods(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
     name = serve_cpu_example(kubectl, namespace, wait_for)

@@ -327,3 +327,30 @@ def test_a_failed_model_version_says_why_instead_of_waiting() -> None:
     assert model.reason == "ModelVersionFailed"
     assert "ChecksumMismatch: sha256 ab.. != cd.." in model.message
     assert "waiting" not in model.message
+
+
+def test_a_device_memory_target_below_the_plan_is_left_out_with_the_numbers() -> None:
+    mv, svc = load("nvidia-a100-80gb-vllm-tp2")
+    svc["spec"].pop("replicas", None)
+    svc["spec"]["autoscaling"] = {"maxReplicas": 4, "targets": {
+        "acceleratorMemoryUtilization": 80, "queueLength": 2}}
+    decision = decide(svc, [ready_mv(mv)])
+    check = cond(decision, "AutoscalingTargetsValid")
+    assert (check.status, check.reason) == ("False", "MemoryTargetBelowPlan")
+    assert "80 %" in check.message and "90.0 %" in check.message
+    assert "kvCacheUtilization" in check.message
+    assert "The HPA scales on glm_gateway_requests_queued." in check.message
+    [hpa] = [o for o in decision.desired if o["kind"] == "HorizontalPodAutoscaler"]
+    assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [
+        "glm_gateway_requests_queued"]
+
+    svc["spec"]["autoscaling"]["targets"]["acceleratorMemoryUtilization"] = 95
+    svc["status"] = dump(decision)
+    kept = cond(decide(svc, [ready_mv(mv)]), "AutoscalingTargetsValid")
+    assert (kept.status, kept.reason) == ("True", "TargetsUsable")
+    assert "kept as a guard" in kept.message
+
+    svc["spec"].pop("autoscaling")
+    svc["spec"]["replicas"] = 1
+    fixed = decide(svc, [ready_mv(mv)])
+    assert "AutoscalingTargetsValid" not in {c.type for c in fixed.status.conditions}

@@ -169,7 +169,7 @@ GOLDEN_SPECS: dict[tuple[str, str], dict[str, Any]] = {
     ("vllm", "a10"): {},
     ("vllm", "a100x2"): {
         "autoscaling": {"maxReplicas": 3,
-                        "targets": {"acceleratorMemoryUtilization": 85},
+                        "targets": {"kvCacheUtilization": 75, "acceleratorMemoryUtilization": 95},
                         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 1800}}},
     },
     ("vllm", "ascend910b"): {

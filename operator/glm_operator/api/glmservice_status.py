@@ -27,6 +27,7 @@ class GLMServiceConditionType(StrEnum):
     DEGRADED = "Degraded"
     CANARY_PROGRESSING = "CanaryProgressing"
     TRAFFIC_SPLIT = "TrafficSplit"
+    AUTOSCALING_TARGETS_VALID = "AutoscalingTargetsValid"
 
 
 class RolloutPhase(StrEnum):

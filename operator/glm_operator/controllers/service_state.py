@@ -33,14 +33,15 @@ from glm_operator.api import (
     RolloutStatus,
     set_condition,
 )
-from glm_operator.api.conditions import Condition
-from glm_operator.api.glmservice import GLMServiceSpec
+from glm_operator.api.conditions import Condition, remove_condition
+from glm_operator.api.glmservice import Autoscaling, GLMServiceSpec
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import rollout as rollouts
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
 from glm_operator.planning.planner import Plan, PlanInputError, plan
+from glm_operator.render.autoscaling import device_memory_check, hpa_metrics, unusable_targets
 from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, ReplicaPolicy, startup_seconds
@@ -174,6 +175,23 @@ def _plan_message(p: Plan) -> str:
             f"{m.available / gib:.1f} GiB, {m.headroom / gib:.1f} GiB headroom")
 
 
+def _autoscaling_condition(autoscaling: Autoscaling, p: Plan) -> tuple[bool, str, str]:
+    """Whether every autoscaling target can act under the plan (a device-memory target at or
+    below the planned steady figure cannot; render/autoscaling.py leaves it out)."""
+    check = device_memory_check(autoscaling, p)
+    metrics = [m["pods"]["metric"]["name"]
+               for m in hpa_metrics(autoscaling, unusable_targets(autoscaling, p))]
+    if check is not None and not check.usable:
+        rest = (f" The HPA scales on {', '.join(metrics)}." if metrics else
+                " No other target is set: no HPA is rendered and the main pool keeps its "
+                "size.")
+        return False, check.reason, check.message() + rest
+    message = f"the HPA scales on {', '.join(metrics)}"
+    if check is not None:
+        message += f"; {check.message()}"
+    return True, "TargetsUsable", message
+
+
 def _pool_deployments(children: Sequence[Obj], version: str | None, pool: str) -> list[Obj]:
     return [
         c for c in children
@@ -295,6 +313,11 @@ def decide_service(
             events.append(("Warning", "Infeasible", target.plan_problem[1]))
     elif target.plan is not None:
         condition(C.PLANNED, True, "Planned", _plan_message(target.plan))
+    if service.spec.autoscaling is None:
+        conditions = remove_condition(conditions, C.AUTOSCALING_TARGETS_VALID)
+    elif target.plan is not None:
+        condition(C.AUTOSCALING_TARGETS_VALID,
+                  *_autoscaling_condition(service.spec.autoscaling, target.plan))
 
     rollout_status = previous.rollout
     decision: rollouts.RolloutDecision | None = None

@@ -7,13 +7,21 @@ generates the prometheus-adapter rules that serve them.
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from glm_operator.api.glmservice import Autoscaling, ScalingRules
+from glm_operator.planning.planner import Plan
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.quantity import decimal_quantity
-from glm_operator.render.scaling_metrics import SIGNALS
+from glm_operator.render.scaling_metrics import (
+    ACCELERATOR_MEMORY_UTILIZATION,
+    KV_CACHE_UTILIZATION,
+    SIGNALS,
+)
 
 # A model pod takes minutes to load and holds scarce devices: add at most two per two
 # minutes, remove one per five minutes after fifteen quiet minutes.
@@ -41,10 +49,92 @@ def target_values(autoscaling: Autoscaling) -> dict[str, float]:
     return autoscaling.targets.model_dump(by_alias=True, exclude_none=True)
 
 
-def hpa_metrics(autoscaling: Autoscaling) -> list[dict[str, Any]]:
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class DeviceMemoryCheck:
+    """Can an acceleratorMemoryUtilization target mean anything under this plan?
+
+    Both engines take their device memory when the model loads (llama.cpp its whole KV
+    cache, vLLM --gpu-memory-utilization of the device) and hold it: device memory sits at
+    the planned steady figure whatever the load. A target at or below it keeps every pod
+    over target, so the HPA stays at maxReplicas; above it, it can only ever act as a
+    guard against memory growing past the plan.
+    """
+
+    target_percent: int
+    planned_bytes: int  # per device, steady; 0 without a device (CPU)
+    device_bytes: int
+    basis: str  # how the planned figure is made up
+
+    @property
+    def planned_percent(self) -> float | None:
+        return 100 * self.planned_bytes / self.device_bytes if self.device_bytes else None
+
+    @property
+    def usable(self) -> bool:
+        planned = self.planned_percent
+        return planned is not None and self.target_percent > planned
+
+    @property
+    def reason(self) -> str:
+        if self.usable:
+            return "MemoryTargetAbovePlan"
+        return "MemoryTargetBelowPlan" if self.device_bytes else "NoDeviceMemory"
+
+    def message(self) -> str:
+        field = f"{ACCELERATOR_MEMORY_UTILIZATION.target_field} {self.target_percent} %"
+        if not self.device_bytes:
+            return (f"{field}: a CPU replica has no device memory, so no exporter serves the "
+                    f"metric; it is left out of the HPA. Scale on "
+                    f"{KV_CACHE_UTILIZATION.target_field} (the KV cache share in use).")
+        planned = (f"the planned steady device memory, {self.planned_percent:.1f} % "
+                   f"({self.planned_bytes / _GIB:.1f} of {self.device_bytes / _GIB:.1f} GiB "
+                   f"per device: {self.basis})")
+        if self.usable:
+            return f"{field} is above {planned}: kept as a guard"
+        lowest_guard = math.floor(self.planned_percent or 0) + 1
+        return (f"{field} is at or below {planned}, held from the moment the model loads "
+                f"at any traffic: every pod would stay over target and the HPA at "
+                f"maxReplicas. It is left out of the HPA. Scale on "
+                f"{KV_CACHE_UTILIZATION.target_field} (the KV cache share in use, which moves "
+                f"with load), or keep device memory as a guard with a target of "
+                f"{lowest_guard} % or more.")
+
+
+def device_memory_check(autoscaling: Autoscaling, plan: Plan) -> DeviceMemoryCheck | None:
+    """The check of the device-memory target against the plan; None when none is set."""
+    target = autoscaling.targets.accelerator_memory_utilization
+    if target is None:
+        return None
+    if plan.profile.is_cpu:
+        return DeviceMemoryCheck(target, 0, 0, "no device")
+    device = plan.memory.available
+    if plan.vllm is not None:
+        fraction = plan.vllm.gpu_memory_utilization
+        return DeviceMemoryCheck(target, int(device * fraction), device,
+                                 f"vLLM takes --gpu-memory-utilization {fraction:g} of it")
+    m = plan.memory
+    return DeviceMemoryCheck(
+        target, m.total, device,
+        f"weights {m.weights / _GIB:.1f} + KV cache {m.kv / _GIB:.1f} + buffers "
+        f"{(m.compute + m.overhead) / _GIB:.1f} GiB, allocated by llama.cpp at load")
+
+
+def unusable_targets(autoscaling: Autoscaling, plan: Plan) -> frozenset[str]:
+    """Target fields the HPA must leave out under this plan (see DeviceMemoryCheck)."""
+    check = device_memory_check(autoscaling, plan)
+    if check is None or check.usable:
+        return frozenset()
+    return frozenset({ACCELERATOR_MEMORY_UTILIZATION.target_field})
+
+
+def hpa_metrics(autoscaling: Autoscaling, leave_out: Collection[str] = ()) -> list[dict[str, Any]]:
     targets = target_values(autoscaling)
     return [_pods_metric(signal.hpa_metric, decimal_quantity(targets[signal.target_field]))
-            for signal in SIGNALS if signal.target_field in targets]
+            for signal in SIGNALS
+            if signal.target_field in targets and signal.target_field not in leave_out]
 
 
 def _rules(default: dict[str, Any], user: ScalingRules | None) -> dict[str, Any]:
@@ -69,13 +159,19 @@ def build_hpa(
     owner: dict[str, Any] | None,
     target_deployment: str,
     autoscaling: Autoscaling,
-) -> dict[str, Any]:
+    plan: Plan,
+) -> dict[str, Any] | None:
+    """The HPA, or None when no target is usable under the plan: an HPA without metrics
+    would scale on CPU, so the pool keeps its size instead (the status says why)."""
+    metrics = hpa_metrics(autoscaling, unusable_targets(autoscaling, plan))
+    if not metrics:
+        return None
     return render_object(
         "horizontalpodautoscaler.yaml.j2",
         metadata=object_meta(name, namespace, labels, owner),
         target=target_deployment,
         min_replicas=autoscaling.min_replicas,
         max_replicas=autoscaling.max_replicas,
-        metrics=hpa_metrics(autoscaling),
+        metrics=metrics,
         behavior=hpa_behavior(autoscaling),
     )

@@ -190,9 +190,11 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     version_labels[VERSION_LABEL] = label_value(version)
     if svc.spec.autoscaling is not None and inputs.with_autoscaler:
         hpa_labels = {**version_labels, POOL_LABEL: MAIN_POOL}
-        objects.append(build_hpa(deployment_name(name, version, MAIN_POOL), namespace,
-                                 hpa_labels, owner, deployment_name(name, version, MAIN_POOL),
-                                 svc.spec.autoscaling))
+        hpa = build_hpa(deployment_name(name, version, MAIN_POOL), namespace, hpa_labels, owner,
+                        deployment_name(name, version, MAIN_POOL), svc.spec.autoscaling,
+                        inputs.plan)
+        if hpa is not None:
+            objects.append(hpa)
     if inputs.capabilities.service_monitor:
         objects.append(build_service_monitor(
             dns_name(name), namespace, common_labels(name, "monitoring"), owner,
