@@ -6,6 +6,7 @@
     server.start()                                     # the same port again, empty
     server.pause() / server.resume()                   # SIGSTOP / SIGCONT: a store that hangs
     server.stop()
+    RedisServer(tls=TlsFiles(cert, key, ca))           # TLS only, on the same kind of port
 
 No persistence (a restarted server is empty, as a failed-over cache without replicas is),
 no system service, nothing outside its temp dir.
@@ -23,10 +24,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -51,10 +54,21 @@ def binary_missing_reason(binary: Path = REDIS_BINARY) -> str | None:
             f"(Debian package `redis-server`)")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files: the server's certificate and key, and the CA that signed it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 class RedisServer:
-    def __init__(self, password: str = "", binary: Path = REDIS_BINARY) -> None:
+    def __init__(self, password: str = "", binary: Path = REDIS_BINARY,
+                 tls: TlsFiles | None = None) -> None:
         self.binary = binary
         self.password = password
+        self.tls = tls
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="glm-e2e-redis-"))
@@ -70,7 +84,12 @@ class RedisServer:
         if reason:
             raise RedisError(reason)
         self.port = self.port or free_port()
-        argv = [str(self.binary), "--port", str(self.port), "--bind", "127.0.0.1",
+        ports = ["--port", str(self.port)]
+        if self.tls is not None:  # TLS only: the plain port closed
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file",
+                     str(self.tls.cert), "--tls-key-file", str(self.tls.key),
+                     "--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no"]
+        argv = [str(self.binary), *ports, "--bind", "127.0.0.1",
                 "--dir", str(self.workdir), "--save", "", "--appendonly", "no",
                 "--daemonize", "no", "--logfile", str(self.log_path)]
         if self.password:
@@ -94,7 +113,12 @@ class RedisServer:
             command += _resp("AUTH", self.password)
         command += _resp("PING")
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as raw:
+                sock = raw
+                if self.tls is not None:
+                    context = ssl.create_default_context(cafile=str(self.tls.ca))
+                    context.check_hostname = False
+                    sock = context.wrap_socket(raw)
                 sock.sendall(command)
                 return b"+PONG" in _read_until(sock, b"+PONG\r\n")
         except OSError:
@@ -157,17 +181,21 @@ def _read_until(sock: socket.socket, marker: bytes) -> bytes:
     return data
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer(password="e2e-" + os.urandom(6).hex())
+def start_or_skip(server: RedisServer) -> RedisServer:
+    """Start `server`; when it cannot: FAIL in CI, skip locally (with the reason)."""
     try:
-        server.start()
+        return server.start()
     except RedisError as exc:
         server.stop()
         message = f"the e2e Redis could not start: {exc}"
         if in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = start_or_skip(RedisServer(password="e2e-" + os.urandom(6).hex()))
     try:
         yield server
     finally:

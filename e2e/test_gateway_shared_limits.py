@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis
+import trustme
 from glm_operator.gateway.config import REDIS_PASSWORD_ENV, RateLimitStoreConfig
 from glm_operator.gateway.keys import key_id
 from glm_operator.gateway.limits import KeyLimits
@@ -35,7 +36,7 @@ from glm_operator.gateway.ratelimit_store import (
 from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, llama_server_binary
 from e2e.models import TinyLlamaSpec, write_tiny_llama
-from e2e.redis import RedisServer, redis_server
+from e2e.redis import RedisServer, TlsFiles, redis_server, start_or_skip
 from e2e.test_gateway import metric_value
 
 pytestmark = pytest.mark.llama
@@ -223,6 +224,38 @@ def test_store_hanging_deny_answers_503_then_recovers(
         assert ask(main)[0] == 200
         assert ask(long_context)[0] == 200
         assert len(warnings_about_store(main)) == 2
+
+
+def test_tls_store_verified_against_the_trusted_cas(engine: LlamaServer, keys_dir: Path,
+                                                   tmp_path: Path) -> None:
+    """--rate-limit-redis-tls: shared limits over TLS to a server whose certificate the
+    gateway's CAs trust (SSL_CERT_FILE here, the image's system CAs in a pod); a gateway that
+    does not trust it never talks to it in clear: the store is unavailable to it."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("localhost")
+    files = TlsFiles(tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem")
+    issued.cert_chain_pems[0].write_to_path(str(files.cert))
+    issued.private_key_pem.write_to_path(str(files.key))
+    ca.cert_pem.write_to_path(str(files.ca))
+    store = start_or_skip(RedisServer(password="tls-secret", tls=files))
+    try:
+        args = ["--api-keys", str(keys_dir), "--rate-limit-rps", SLOW_RPS,
+                "--rate-limit-burst", "2", "--rate-limit-redis", f"localhost:{store.port}",
+                "--rate-limit-redis-tls", "--rate-limit-store-timeout", STORE_TIMEOUT]
+        env = {REDIS_PASSWORD_ENV: store.password}
+        with GatewayProcess.start(engine.url, tmp_path, args, SERVICE,
+                                  env={**env, "SSL_CERT_FILE": str(files.ca)}) as trusting, \
+                GatewayProcess.start(engine.url, tmp_path, [*args, "--pool", "long-context"],
+                                     SERVICE, env={**env, "SSL_CERT_FILE": str(files.ca)}
+                                     ) as trusting_too:
+            assert statuses([trusting, trusting_too], 3) == [200, 200, 429]
+            assert metric_value(trusting.metrics_text(), RATE_LIMIT_STORE_UP) == 1
+            with GatewayProcess.start(engine.url, tmp_path, args, SERVICE, env=env) as other:
+                assert ask(other)[0] == 200  # Allow: its own buckets
+                assert metric_value(other.metrics_text(), RATE_LIMIT_STORE_UP) == 0
+                assert "CERTIFICATE_VERIFY_FAILED" in "".join(warnings_about_store(other))
+    finally:
+        store.stop()
 
 
 def buckets_on(store: RedisServer, limits: Limits, timeout: float = 2.0) -> RedisBuckets:
