@@ -51,6 +51,8 @@ NAMESPACED_RULES: list[Obj] = [
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["networking.istio.io"], "resources": ["virtualservices", "destinationrules"],
      "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
+     "verbs": ["get", "list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
 ]
 CRD_RULES: list[Obj] = [

@@ -55,6 +55,11 @@ into the model and fetch pods by name).
 - apiGroups: [networking.istio.io]
   resources: [virtualservices, destinationrules]
   verbs: [get, create, patch, delete]
+# The main pool's KEDA ScaledObject (when KEDA is installed); list: once per service after a
+# start, to prune one a scaler switch or a rollout left behind.
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, list, create, patch, delete]
 # Events on GLMServices and ModelVersions (kopf posts them; repeats are patched).
 - apiGroups: [""]
   resources: [events]
@@ -64,7 +69,7 @@ into the model and fetch pods by name).
 {{/* Cluster-scoped reads, in every mode. */}}
 {{- define "glm-operator.rules.cluster" -}}
 # kopf follows CRDs (list, watch) to start watching kinds installed later; the operator
-# reads the Istio and ServiceMonitor CRDs' state (get).
+# reads the Istio, ServiceMonitor and KEDA ScaledObject CRDs' state (get).
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]

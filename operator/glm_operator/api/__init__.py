@@ -25,6 +25,7 @@ from glm_operator.api.glmservice import (
     RateLimit,
     Rollout,
     RolloutStrategy,
+    Scaler,
     ScalingBehavior,
     Toleration,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "RolloutRecord",
     "RolloutStatus",
     "RolloutStrategy",
+    "Scaler",
     "ScalingBehavior",
     "Toleration",
     "VllmPlan",

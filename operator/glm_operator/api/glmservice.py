@@ -64,6 +64,14 @@ class Engine(StrEnum):
     VLLM = "vllm"
 
 
+class Scaler(StrEnum):
+    """Which autoscaler sizes the main pool (spec.autoscaling.scaler)."""
+
+    AUTO = "Auto"  # KEDA when its ScaledObject CRD is served and prometheus.url is set, else HPA
+    HPA = "HPA"  # an autoscaling/v2 HPA on the custom metrics API (prometheus-adapter)
+    KEDA = "KEDA"  # a KEDA ScaledObject with Prometheus triggers; KEDA creates the HPA
+
+
 class RolloutStrategy(StrEnum):
     CANARY = "canary"
     SURGE = "surge"
@@ -210,6 +218,14 @@ class Autoscaling(SpecModel):
     targets: AutoscalingTargets = Field(description="Per-replica metric targets.")
     behavior: ScalingBehavior | None = Field(
         default=None, description="HPA behavior; the operator's defaults scale down slowly."
+    )
+    scaler: Scaler = Field(
+        default=Scaler.AUTO,
+        description="Who scales the main pool: HPA (an autoscaling/v2 HPA on the custom "
+        "metrics API, e.g. prometheus-adapter), KEDA (a KEDA ScaledObject with one Prometheus "
+        "trigger per target; KEDA creates and owns the HPA), or Auto (KEDA when KEDA's "
+        "ScaledObject CRD is served and the operator has prometheus.url, else HPA). KEDA "
+        "when it is not possible scales nothing: condition Autoscaling=False says why.",
     )
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ class GLMServiceConditionType(StrEnum):
     CANARY_PROGRESSING = "CanaryProgressing"
     TRAFFIC_SPLIT = "TrafficSplit"
     AUTOSCALING_TARGETS_VALID = "AutoscalingTargetsValid"
+    AUTOSCALING = "Autoscaling"  # which autoscaler sizes the main pool, or why none does
 
 
 class RolloutPhase(StrEnum):
@@ -220,7 +221,7 @@ class GLMServiceStatus(StatusModel):
         default_factory=list,
         max_length=MAX_CONDITIONS,
         description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing, "
-        "TrafficSplit.",
+        "TrafficSplit, Autoscaling.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],

@@ -33,12 +33,13 @@ from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
-from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL
+from glm_operator.render.keda import SCALED_OBJECT_CRD
+from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL, label_value
 from glm_operator.render.service import Capabilities
-from glm_operator.wellknown import GROUP, PROMOTE_ANNOTATION, VERSION
+from glm_operator.wellknown import GROUP, MANAGED_BY_LABEL, PROMOTE_ANNOTATION, VERSION
 
 INITIAL_FIELD_MANAGER = "glm-operator-initial-replicas"
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 SERVICE_CRD_CHILDREN = (
     ("apps", "v1", "deployments"),
     ("", "v1", "services"),
@@ -51,11 +52,16 @@ SERVICE_CRD_CHILDREN = (
 # are not watched: kopf stops the whole operator when a watched resource's CRD is deleted.
 # The operator remembers what it applied, reads them only when its intent changed, and
 # reads them again at every resync to undo edits and deletions.
+SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 OPTIONAL_CHILD_KINDS = frozenset({
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("networking.istio.io/v1", "VirtualService"),
     ("networking.istio.io/v1", "DestinationRule"),
+    SCALED_OBJECT,
 })
+# Applied after the watched children are pruned: KEDA's admission webhook refuses a
+# ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
+APPLIED_AFTER_PRUNE = frozenset({SCALED_OBJECT})
 MODEL_VERSION_CHILDREN = (("batch", "v1", "jobs"), ("", "v1", "persistentvolumeclaims"))
 
 log = logging.getLogger("glm_operator")
@@ -81,6 +87,7 @@ class Runtime:
                                                       ttl),
             istio=(self.kube.crd_established("virtualservices.networking.istio.io", ttl)
                    and self.kube.crd_established("destinationrules.networking.istio.io", ttl)),
+            keda=self.kube.crd_established(SCALED_OBJECT_CRD, ttl),
         )
 
 
@@ -202,7 +209,12 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
     made."""
     optional = [o for o in desired if (o["apiVersion"], o["kind"]) in OPTIONAL_CHILD_KINDS]
     desired = [o for o in desired if (o["apiVersion"], o["kind"]) not in OPTIONAL_CHILD_KINDS]
-    writes = _sync_optional_children(kube, owner_uid, optional)
+    late = [o for o in optional if (o["apiVersion"], o["kind"]) in APPLIED_AFTER_PRUNE]
+    early = [o for o in optional if (o["apiVersion"], o["kind"]) not in APPLIED_AFTER_PRUNE]
+    # Optional children that go are deleted first: a ScaledObject before the HPA that
+    # replaces it is created (two HPAs on one Deployment fight).
+    writes = _prune_optional_children(kube, owner_uid, optional)
+    writes += _apply_optional_children(kube, owner_uid, early)
     live_by_ref = {_ref(o): o for o in live}
     for obj in desired:
         current = live_by_ref.get(_ref(obj))
@@ -235,12 +247,13 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
             kube.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="delete").inc()
             writes += 1
-    return writes
+    return writes + _apply_optional_children(kube, owner_uid, late)
 
 
 # Optional children as last applied or seen holding the intent: owner uid -> ref -> object.
 OptionalRef = tuple[str, str, str, str]  # apiVersion, kind, namespace, name
 _optional_applied: dict[str, dict[OptionalRef, Obj | None]] = {}
+_scaled_objects_listed: set[str] = set()  # owners whose ScaledObjects were listed since start
 _optional_lock = threading.Lock()
 
 
@@ -249,33 +262,54 @@ def _optional_ref(obj: Mapping[str, Any]) -> OptionalRef:
     return obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
 
 
-def _sync_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj]) -> int:
-    writes = 0
+def _prune_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj]) -> int:
+    """Delete the optional children applied (or found) before that are no longer desired."""
+    wanted = {_optional_ref(o) for o in desired}
     with _optional_lock:
-        known = dict(_optional_applied.get(owner_uid, {}))
-    wanted = {_optional_ref(o): o for o in desired}
-    for ref, obj in wanted.items():
-        if known.get(ref) == obj:
-            continue  # unchanged intent, and it held when last looked at
+        gone = [ref for ref in _optional_applied.get(owner_uid, {}) if ref not in wanted]
+    for api_version, kind, namespace, name in gone:
+        kube.delete(api_version, kind, namespace, name)
+        metrics.CHILD_WRITES.labels(kind=kind, action="delete").inc()
+        with _optional_lock:
+            _optional_applied.get(owner_uid, {}).pop((api_version, kind, namespace, name), None)
+    return len(gone)
+
+
+def _apply_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj]) -> int:
+    writes = 0
+    for obj in desired:
+        ref = _optional_ref(obj)
+        with _optional_lock:
+            if _optional_applied.get(owner_uid, {}).get(ref) == obj:
+                continue  # unchanged intent, and it held when last looked at
         meta = obj["metadata"]
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         if not object_holds_intent(obj, live):
             kube.apply(obj)
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
             writes += 1
-        known[ref] = obj
-    for ref in set(known) - set(wanted):
-        api_version, kind, namespace, name = ref
-        kube.delete(api_version, kind, namespace, name)
-        metrics.CHILD_WRITES.labels(kind=kind, action="delete").inc()
-        writes += 1
-        del known[ref]
-    with _optional_lock:
-        if known:
-            _optional_applied[owner_uid] = known
-        else:
-            _optional_applied.pop(owner_uid, None)
+        with _optional_lock:
+            _optional_applied.setdefault(owner_uid, {})[ref] = obj
     return writes
+
+
+def discover_scaled_objects(kube: KubeClient, owner_uid: str, namespace: str,
+                            service: str) -> None:
+    """Once per service after start (while KEDA's CRD is served): the ScaledObjects it owns
+    join what the operator knows it applied. Their names change with the version, so one
+    left by a scaler switch or a rollout the previous operator process did not finish would
+    otherwise never be pruned, and its HPA would fight ours."""
+    with _optional_lock:
+        if owner_uid in _scaled_objects_listed:
+            return
+    found = kube.list(*SCALED_OBJECT, namespace,
+                      f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}")
+    with _optional_lock:
+        known = _optional_applied.setdefault(owner_uid, {})
+        for obj in found:
+            if any(r.get("uid") == owner_uid for r in obj["metadata"].get("ownerReferences", [])):
+                known.setdefault(_optional_ref(obj), None)
+        _scaled_objects_listed.add(owner_uid)
 
 
 def forget_optional_children(live_owners: set[str]) -> None:
@@ -287,6 +321,7 @@ def forget_optional_children(live_owners: set[str]) -> None:
                 _optional_applied[uid] = dict.fromkeys(_optional_applied[uid])
             else:
                 del _optional_applied[uid]
+        _scaled_objects_listed.intersection_update(live_owners)
 
 
 def _applies_replicas(live: Mapping[str, Any]) -> bool:
@@ -373,9 +408,12 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         children = _children(indexes, SERVICE_CHILD_INDEXES, key)
         now = datetime.now(UTC)
         try:
+            capabilities = rt.capabilities()
+            if capabilities.keda:
+                discover_scaled_objects(rt.kube, body["metadata"]["uid"], namespace, name)
             decision = decide_service(
                 body, _model_versions_of(body, indexes["modelversions"], namespace), children,
-                rt.config, rt.profiles, rt.capabilities(), now=now,
+                rt.config, rt.profiles, capabilities, now=now,
                 analysis=_canary_analysis(rt.config, body, now))
             _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
                            decision.retained)

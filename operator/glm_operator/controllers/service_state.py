@@ -31,6 +31,7 @@ from glm_operator.api import (
     RolloutPhase,
     RolloutRecord,
     RolloutStatus,
+    Scaler,
     set_condition,
 )
 from glm_operator.api.conditions import Condition, remove_condition
@@ -41,10 +42,18 @@ from glm_operator.controllers import rollout as rollouts
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
 from glm_operator.planning.planner import Plan, PlanInputError, plan
-from glm_operator.render.autoscaling import device_memory_check, hpa_metrics, unusable_targets
+from glm_operator.render.autoscaling import (
+    device_memory_check,
+    hpa_metrics,
+    target_values,
+    unusable_targets,
+)
+from glm_operator.render.deployment import deployment_name
+from glm_operator.render.keda import keda_hpa_name
 from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, ReplicaPolicy, startup_seconds
+from glm_operator.render.scaler import choose_scaler
 from glm_operator.render.service import (
     Capabilities,
     ServiceInputs,
@@ -402,6 +411,10 @@ def decide_service(
                 seen.add(key)
                 desired.append(obj)
 
+    _scaler_condition(condition, renders, capabilities, config)
+    if service.spec.autoscaling is None:
+        conditions = remove_condition(conditions, C.AUTOSCALING)
+
     # First rollout (nothing stable yet) and in-place spec changes: promote when Ready.
     wanted_replicas = _wanted_replicas(service)
     target_deployments = _pool_deployments(live_children, wanted_version, MAIN_POOL)
@@ -485,6 +498,32 @@ def decide_service(
 def _version_children(children: Sequence[Obj], version: str) -> set[tuple[str, str]]:
     return {(c["kind"], c["metadata"]["name"]) for c in children
             if c.get("metadata", {}).get("labels", {}).get(VERSION_LABEL) == label_value(version)}
+
+
+def _scaler_condition(condition: Any, renders: Sequence[_Render],
+                           capabilities: Capabilities, config: OperatorConfig) -> None:
+    """Which autoscaler the rendered version has (the stable one during a rollout), or why
+    it has none. Left as it was while no version with an autoscaler can be rendered."""
+    item = next((r for r in renders if r.autoscaler and r.version.servable
+                 and r.service.spec.autoscaling is not None), None)
+    if item is None:
+        return
+    autoscaling = item.service.spec.autoscaling
+    assert autoscaling is not None
+    url = config.prometheus.url
+    choice = choose_scaler(autoscaling, capabilities.keda, url)
+    name = deployment_name(item.service.metadata.name or "", item.version.name, MAIN_POOL)
+    what = (f"the main pool ({autoscaling.min_replicas} to {autoscaling.max_replicas} "
+            f"replicas) on {', '.join(target_values(autoscaling))}")
+    if choice.scaler == Scaler.HPA:
+        condition(C.AUTOSCALING, True, "HPA",
+                  f"HPA {name} scales {what} from the custom metrics API ({choice.why})")
+    elif choice.scaler == Scaler.KEDA:
+        condition(C.AUTOSCALING, True, "KEDA",
+                  f"KEDA ScaledObject {name} scales {what} with Prometheus triggers on {url}; "
+                  f"KEDA runs it as HPA {keda_hpa_name(name)} ({choice.why})")
+    else:
+        condition(C.AUTOSCALING, False, "KEDAUnavailable", choice.why)
 
 
 def _traffic_objects(service: GLMService, routes: list[VersionRoute],

@@ -54,6 +54,7 @@ _KINDS = [
     ResourceKind("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
     ResourceKind("networking.istio.io/v1", "VirtualService", "virtualservices"),
     ResourceKind("networking.istio.io/v1", "DestinationRule", "destinationrules"),
+    ResourceKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ResourceKind(API_VERSION, "GLMService", "glmservices"),
     ResourceKind(API_VERSION, "ModelVersion", "modelversions"),
     ResourceKind("apiextensions.k8s.io/v1", "CustomResourceDefinition",

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-monitor", action="store_true",
                         help="render the ServiceMonitor (as if the Prometheus Operator's CRD "
                         "were installed)")
+    parser.add_argument("--keda", action="store_true",
+                        help="as if KEDA's ScaledObject CRD were installed: spec.autoscaling "
+                        "renders a ScaledObject where its scaler (Auto with prometheus.url in "
+                        "--config, or KEDA) chooses KEDA")
     parser.add_argument("--no-model-version-children", action="store_true",
                         help="render only the GLMServices' children (not the cache PVC and "
                         "fetch Job of each ModelVersion)")
@@ -158,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         objects = render_documents(
             _documents(args.filename), config, namespace=args.namespace,
-            capabilities=Capabilities(service_monitor=args.service_monitor),
+            capabilities=Capabilities(service_monitor=args.service_monitor, keda=args.keda),
             model_version_children=not args.no_model_version_children,
         )
     except (RenderCommandError, ValueError) as exc:

@@ -1,7 +1,7 @@
 """Every child of one GLMService at one model version: the entry point controllers call.
 
     render_service(ServiceInputs(...)) -> [Deployment main, (Deployment long-context),
-        Service main, (Service long-context), (HPA), (ServiceMonitor),
+        Service main, (Service long-context), (HPA or KEDA ScaledObject), (ServiceMonitor),
         (ServiceAccount, Role, RoleBinding for the gateway's wake-up)]
 
 Pure: validated API objects and plans in, plain dicts out, in a fixed order. Children that
@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from glm_operator.api.glmservice import GLMService
+from glm_operator.api.glmservice import GLMService, Scaler
 from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig
 from glm_operator.planning.planner import Plan
-from glm_operator.render.autoscaling import build_hpa
+from glm_operator.render.autoscaling import build_hpa, unusable_targets
 from glm_operator.render.deployment import (
     ENGINE_COMPONENT,
     LONG_CONTEXT_POOL,
@@ -27,6 +27,7 @@ from glm_operator.render.deployment import (
     deployment_name,
 )
 from glm_operator.render.environment import render_object
+from glm_operator.render.keda import build_scaled_object, prometheus_triggers
 from glm_operator.render.meta import object_meta, owner_reference
 from glm_operator.render.monitoring import build_service_monitor
 from glm_operator.render.names import (
@@ -49,6 +50,7 @@ from glm_operator.render.rbac import (
     build_service_account,
     scale_rules,
 )
+from glm_operator.render.scaler import choose_scaler
 from glm_operator.render.status import plan_summary
 
 __all__ = [
@@ -67,6 +69,7 @@ class Capabilities:
 
     service_monitor: bool = False
     istio: bool = False
+    keda: bool = False  # KEDA's ScaledObject CRD
 
 
 @dataclass(frozen=True)
@@ -189,12 +192,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
     if svc.spec.autoscaling is not None and inputs.with_autoscaler:
-        hpa_labels = {**version_labels, POOL_LABEL: MAIN_POOL}
-        hpa = build_hpa(deployment_name(name, version, MAIN_POOL), namespace, hpa_labels, owner,
-                        deployment_name(name, version, MAIN_POOL), svc.spec.autoscaling,
-                        inputs.plan)
-        if hpa is not None:
-            objects.append(hpa)
+        objects += _main_autoscaler(inputs, name, namespace, version, version_labels, owner)
     if inputs.capabilities.service_monitor:
         objects.append(build_service_monitor(
             dns_name(name), namespace, common_labels(name, "monitoring"), owner,
@@ -213,3 +211,27 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
                                role, gateway_sa),
         ]
     return objects
+
+
+def _main_autoscaler(inputs: ServiceInputs, name: str, namespace: str, version: str,
+                     version_labels: dict[str, str],
+                     owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The main pool's HPA, or its KEDA ScaledObject (same name), or nothing (KEDA asked for
+    and not possible: the Autoscaling condition says why)."""
+    autoscaling = inputs.service.spec.autoscaling
+    assert autoscaling is not None
+    prometheus_url = inputs.config.prometheus.url
+    scaler = choose_scaler(autoscaling, inputs.capabilities.keda, prometheus_url).scaler
+    labels = {**version_labels, POOL_LABEL: MAIN_POOL}
+    target = deployment_name(name, version, MAIN_POOL)
+    built = None
+    if scaler == Scaler.HPA:
+        built = build_hpa(target, namespace, labels, owner, target, autoscaling, inputs.plan)
+    elif scaler == Scaler.KEDA:
+        assert prometheus_url is not None
+        triggers = prometheus_triggers(autoscaling, prometheus_url, namespace, name, version,
+                                       MAIN_POOL, unusable_targets(autoscaling, inputs.plan))
+        if triggers:  # as for the HPA: no usable target, no autoscaler (the status says why)
+            built = build_scaled_object(target, namespace, labels, owner, target, autoscaling,
+                                        triggers)
+    return [built] if built is not None else []
