@@ -24,9 +24,10 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Create .venv with the package and its test and lint dependencies
 
-# Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts) and
-# redis-server (the rate-limit store e2e/redis.py starts).
-SYSTEM_PACKAGES := prometheus redis-server
+# Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts),
+# redis-server (the rate-limit store e2e/redis.py starts), iproute2 and openssl (the network
+# namespace and the serving certificate of the custom metrics API, e2e/custom_metrics.py).
+SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl
 
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)

@@ -259,6 +259,31 @@ def check_ports_free() -> None:
 
 SERVICE_CIDR = "10.96.0.0/16"
 
+# How often kube-controller-manager's HPA controller reads metrics and resizes (default 15s).
+# Shorter here so the autoscaling tests wait less; the figures in docs/performance.md say so.
+HPA_SYNC_PERIOD = "5s"
+# kwokctl signs every client certificate with one CA and gives the API server the admin
+# certificate (CN kwok-admin) as its front-proxy client certificate (--proxy-client-*).
+FRONT_PROXY_CLIENT_NAME = "kwok-admin"
+
+
+def _aggregation_layer_args() -> list[dict[str, Any]]:
+    """What the aggregation layer needs beyond kwokctl's defaults, so an extension API server
+    (the custom metrics API of e2e/custom_metrics.py) is reached and trusts who is asking:
+    the request-header CA and headers the API server publishes in kube-system's
+    extension-apiserver-authentication ConfigMap, and routing to the Service's endpoint
+    address rather than its ClusterIP (no kube-proxy here)."""
+    pki = cluster_dir() / "pki"
+    args = {
+        "requestheader-client-ca-file": str(pki / "ca.crt"),
+        "requestheader-allowed-names": FRONT_PROXY_CLIENT_NAME,
+        "requestheader-username-headers": "X-Remote-User",
+        "requestheader-group-headers": "X-Remote-Group",
+        "requestheader-extra-headers-prefix": "X-Remote-Extra-",
+        "enable-aggregator-routing": "true",
+    }
+    return [{"key": key, "value": value, "override": False} for key, value in args.items()]
+
 
 def kwokctl_configuration(binaries: Binaries) -> dict[str, Any]:
     """Every binary given by path (kwokctl downloads nothing) and the real control plane on:
@@ -299,6 +324,11 @@ def kwokctl_configuration(binaries: Binaries) -> dict[str, Any]:
         "componentsPatches": [
             {"name": "kube-apiserver", "extraArgs": [
                 {"key": "service-cluster-ip-range", "value": SERVICE_CIDR, "override": False},
+                *_aggregation_layer_args(),
+            ]},
+            {"name": "kube-controller-manager", "extraArgs": [
+                {"key": "horizontal-pod-autoscaler-sync-period",
+                 "value": HPA_SYNC_PERIOD, "override": False},
             ]},
         ],
     }

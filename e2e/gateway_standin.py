@@ -144,6 +144,10 @@ class GatewayStandIn:
         self.metrics.in_flight.labels(**self.metrics.labels).set(in_flight)
         self.metrics.queued.labels(**self.metrics.labels).set(queued)
 
+    def set_kv_cache_usage(self, ratio: float) -> None:
+        """The share of the engine's KV cache in use (0..1), as the gateway reads it."""
+        self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(ratio)
+
     def _run(self) -> None:
         with self._changed:
             while not self._closed:

@@ -230,6 +230,23 @@ def build_minio(version: str, out: Path, work: Path) -> None:
     _go_build_with_progress("minio", module_dir, ["github.com/minio/minio"], out, "-s -w")
 
 
+def build_custom_metrics_apiserver(version: str, out: Path, work: Path) -> None:
+    """`test-adapter`, the sample custom metrics API server of sigs.k8s.io/custom-metrics-apiserver
+    (the library prometheus-adapter is built on): it serves the values a test POSTs to its
+    :8080/write-metrics endpoint through custom.metrics.k8s.io. Its main package lives in the
+    module itself, so a wrapper module requires it and builds that package."""
+    module_dir = work / "custom-metrics-wrapper"
+    _write_module(
+        module_dir, "glm-operator.dev/e2e/custommetrics",
+        f"go 1.26.0\n\nrequire sigs.k8s.io/custom-metrics-apiserver {version}\n",
+        {"doc.go": "package custommetrics\n"},
+    )
+    _go_build_with_progress(
+        "custom_metrics_apiserver", module_dir,
+        ["sigs.k8s.io/custom-metrics-apiserver/test-adapter"], out, "-s -w",
+    )
+
+
 def _fetch_module_files(
     component: str, module: str, files: dict[str, str], out: Path, work: Path
 ) -> None:
@@ -293,6 +310,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "keda": fetch_keda,
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
+    "custom_metrics_apiserver": build_custom_metrics_apiserver,
 }
 
 
@@ -324,7 +342,9 @@ def ensure(name: str) -> Path:
 
 
 # Longest first, so two builds at a time finish close together.
-BUILD_ORDER = ["kubernetes", "minio", "llama_cpp_python", "kwok", "helm", "etcd"]
+BUILD_ORDER = [
+    "kubernetes", "minio", "llama_cpp_python", "custom_metrics_apiserver", "kwok", "helm", "etcd",
+]
 
 
 def build_all(names: Sequence[str], jobs: int = 2) -> list[BuildError]:
