@@ -7,14 +7,17 @@ the local control plane; its log is printed when a test fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +121,24 @@ def operator(glm_crds: list[str], kubectl: Kubectl) -> Iterator[OperatorProcess]
         process.stop()
         if os.environ.get("GLM_E2E_OPERATOR_LOG"):
             print(process.tail(400))
+
+
+@contextlib.contextmanager
+def prefixed_namespace(request: pytest.FixtureRequest, kubectl: Kubectl, prefix: str,
+                       on_failure: Callable[[str], None]) -> Iterator[str]:
+    """A fresh namespace `<prefix><test>-<random>` for a test whose module runs an operator of
+    its own on `<prefix>*`; `on_failure(name)` prints what explains a failed test. Deleted
+    afterwards, without waiting."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:30].strip("-")
+    name = f"{prefix}{slug}-{uuid.uuid4().hex[:5]}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
+             what=f"ServiceAccount default in {name}")
+    yield name
+    report = getattr(request.node, "_e2e_report_call", None)
+    if report is not None and report.failed:
+        on_failure(name)
+    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
 def report_fetched(kubectl: Kubectl, namespace: str, name: str,

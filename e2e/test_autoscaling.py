@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +24,7 @@ from glm_operator.wellknown import POOL_LABEL, SERVICE_LABEL
 from e2e.cluster import HPA_SYNC_PERIOD
 from e2e.custom_metrics import CustomMetricsAdapter, custom_metrics
 from e2e.kubectl import Kubectl, wait_for
-from e2e.operator_fixtures import OperatorProcess, glm_crds
+from e2e.operator_fixtures import OperatorProcess, glm_crds, prefixed_namespace
 from e2e.test_operator import CPU_MV, CPU_SVC, deploy_model, wait_ready
 
 __all__ = ["custom_metrics", "glm_crds"]  # fixtures used by name
@@ -68,19 +66,14 @@ def hpa_operator(glm_crds: list[str], kubectl: Kubectl) -> Iterator[OperatorProc
 @pytest.fixture
 def ns(request: pytest.FixtureRequest, kubectl: Kubectl,
        hpa_operator: OperatorProcess) -> Iterator[str]:
-    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:30].strip("-")
-    name = f"{PREFIX}{slug}-{uuid.uuid4().hex[:5]}"
-    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
-             what=f"ServiceAccount default in {name}")
-    yield name
-    report = getattr(request.node, "_e2e_report_call", None)
-    if report is not None and report.failed:
+    def explain(name: str) -> None:
         print(f"\n--- operator log ---\n{hpa_operator.tail(80)}")
         dump = kubectl.run("get", "hpa,deployments,pods,events", "-n", name, "-o", "wide",
                            check=False)
         print(f"\n--- namespace {name} ---\n{dump.stdout}{dump.stderr}")
-    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+    with prefixed_namespace(request, kubectl, PREFIX, explain) as name:
+        yield name
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -11,10 +11,8 @@ Deployment and ReplicaSet controllers, the scheduler and the garbage collector.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,12 @@ from glm_operator.controllers.rollout import size_for_weight
 
 from e2e.gateway_standin import GatewayStandIn, gateway_standins
 from e2e.kubectl import Kubectl, wait_for
-from e2e.operator_fixtures import OperatorProcess, glm_crds, report_fetched
+from e2e.operator_fixtures import (
+    OperatorProcess,
+    glm_crds,
+    prefixed_namespace,
+    report_fetched,
+)
 from e2e.prometheus import PrometheusServer, prometheus
 from e2e.test_operator import CPU_MV, CPU_SVC, condition
 
@@ -78,17 +81,12 @@ def canary_operator(glm_crds: list[str], kubectl: Kubectl,
 @pytest.fixture
 def ns(request: pytest.FixtureRequest, kubectl: Kubectl,
        canary_operator: RestartableOperator) -> Iterator[str]:
-    slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:30].strip("-")
-    name = f"{PREFIX}{slug}-{uuid.uuid4().hex[:5]}"
-    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
-             what=f"ServiceAccount default in {name}")
-    yield name
-    report = getattr(request.node, "_e2e_report_call", None)
-    if report is not None and report.failed:
+    def explain(name: str) -> None:
         print(f"\n--- operator log ---\n{canary_operator.process.tail(120)}")
         print(json.dumps(glms_or_none(kubectl, name), indent=1)[:6000])
-    kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
+
+    with prefixed_namespace(request, kubectl, PREFIX, explain) as name:
+        yield name
 
 
 def glms_or_none(kubectl: Kubectl, ns: str) -> dict[str, Any] | None:
