@@ -35,7 +35,7 @@ from glm_operator.gateway.ratelimit_store import (
 
 from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, llama_server_binary
-from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.models import TinyLlamaSpec, prompt_of_tokens, write_tiny_llama
 from e2e.redis import RedisServer, TlsFiles, redis_server, start_or_skip
 from e2e.test_gateway import metric_value
 
@@ -57,11 +57,16 @@ STORE_TIMEOUT = "0.5"
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    root = tmp_path_factory.mktemp("shared-limits")
-    model = write_tiny_llama(root / "tiny.gguf", TinyLlamaSpec(n_ctx_train=4096))
-    with LlamaServer.start([str(llama_server_binary()), "-m", str(model), "-c", "2048",
-                            "-np", "2", "--metrics", "-t", "1"], root) as server:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("shared-limits") / "tiny.gguf",
+                            TinyLlamaSpec(n_ctx_train=4096))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: Path) -> Iterator[LlamaServer]:
+    """Two slots of 1024 tokens: a 2000-token prompt overflows."""
+    with LlamaServer.start([str(llama_server_binary()), "-m", str(tiny_model), "-c", "2048",
+                            "-np", "2", "--metrics", "-t", "1"], tiny_model.parent) as server:
         yield server
 
 
@@ -87,10 +92,10 @@ def start_pools(stack: ExitStack, engine: LlamaServer, keys: Path, store: RedisS
                 engine.url, log_dir, [*common, "--pool", "long-context"], SERVICE, env=env)))
 
 
-def ask(gateway: GatewayProcess, key: str = KEY, max_tokens: int = 1
+def ask(gateway: GatewayProcess, key: str = KEY, max_tokens: int = 1, content: str = "Hi"
         ) -> tuple[int, dict[str, str], Any]:
     """One chat request: (status, headers, JSON body)."""
-    body = {"model": SERVICE, "messages": [{"role": "user", "content": "Hi"}],
+    body = {"model": SERVICE, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     request = urllib.request.Request(
         gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -226,6 +231,44 @@ def test_store_hanging_deny_answers_503_then_recovers(
         assert len(warnings_about_store(main)) == 2
 
 
+def test_an_overflowed_request_counts_once(engine: LlamaServer, tiny_model: Path,
+                                           keys_dir: Path, redis_server: RedisServer,
+                                           tmp_path: Path) -> None:
+    """A prompt too long for the main pool goes to the long-context pool's gateway, which
+    admits and charges it in the same store: the main gateway gives its request token back
+    and charges nothing, so the service counts the request once."""
+    per_minute, burst = 6000, 3
+    limits = ["--rate-limit-rps", SLOW_RPS, "--rate-limit-burst", str(burst),
+              "--rate-limit-tokens-per-minute", str(per_minute)]
+    common = ["--api-keys", str(keys_dir), "--namespace", NAMESPACE, "--rate-limit-redis",
+              redis_server.address, "--rate-limit-store-timeout", STORE_TIMEOUT, *limits]
+    env = {REDIS_PASSWORD_ENV: redis_server.password}
+    with ExitStack() as stack:
+        large = stack.enter_context(LlamaServer.start(
+            [str(llama_server_binary()), "-m", str(tiny_model), "-c", "4096", "-np", "1",
+             "-t", "1"], tmp_path))
+        long_gw = stack.enter_context(GatewayProcess.start(
+            large.url, tmp_path, [*common, "--pool", "long-context"], SERVICE, env=env))
+        main_gw = stack.enter_context(GatewayProcess.start(
+            engine.url, tmp_path, [*common, "--pool", "main", "--long-context-url",
+                                   long_gw.url], SERVICE, env=env))
+        status, _, body = ask(main_gw, max_tokens=4, content=prompt_of_tokens(2000))
+        assert status == 200, body
+        cost = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+        assert cost > 2000  # answered by the long-context pool, whole
+        assert metric_value(main_gw.metrics_text(), "glm_gateway_overflow_total",
+                            outcome="routed") == 1
+
+        client = stack.enter_context(direct_client(redis_server))
+        tokens_key, requests_key = bucket_keys(NAMESPACE, SERVICE, key_id(KEY))
+        # One request token taken (plus what 0.01/s refilled meanwhile), not two.
+        assert float(client.hget(requests_key, "v") or 0) == pytest.approx(burst - 1, abs=0.2)
+        # Charged once, from a full budget: exactly per_minute - cost as last written.
+        assert float(client.hget(tokens_key, "v") or 0) == pytest.approx(per_minute - cost,
+                                                                          abs=1)
+        assert statuses([main_gw], 3) == [200, 200, 429]
+
+
 def test_tls_store_verified_against_the_trusted_cas(engine: LlamaServer, keys_dir: Path,
                                                    tmp_path: Path) -> None:
     """--rate-limit-redis-tls: shared limits over TLS to a server whose certificate the
@@ -276,6 +319,9 @@ async def test_scripts_match_the_local_buckets(redis_server: RedisServer) -> Non
         refused, expected = await shared.admit("k1"), local.admit_locally("k1")
         assert (refused.refused, refused.wait) == (expected.refused, expected.wait) \
             == ("requests", 100)
+        # A token given back (an overflow handed to the other pool) admits one more.
+        assert await shared.release_request("k1") == pytest.approx(1.0, abs=0.01)
+        assert await shared.admit("k1") == ADMITTED
 
         await shared.client.script_flush()
         balance = await shared.charge("k2", 100)  # 60 per minute: 40 over

@@ -97,6 +97,7 @@ class ScriptedStore:
     fail_with: BaseException | None = None
     admits: list[str] = field(default_factory=list)
     charges: list[tuple[str, int]] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)
 
     async def admit(self, key_id: str) -> Verdict:
         if self.fail_with is not None:
@@ -109,6 +110,12 @@ class ScriptedStore:
             raise self.fail_with
         self.charges.append((key_id, tokens))
         return 0.0
+
+    async def release_request(self, key_id: str) -> float:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.releases.append(key_id)
+        return 1.0
 
     async def load_scripts(self, _timeout: float) -> None:
         if self.fail_with is not None:
@@ -174,6 +181,20 @@ async def test_allow_counts_in_the_pods_buckets_while_the_store_is_down(
         await key_limits.admit("k1")
     assert store.admits == ["k1"] and sample(metrics, RATE_LIMIT_STORE_UP) == 1
     assert "answers again" in caplog.records[-1].getMessage()
+
+
+async def test_only_a_shared_admission_is_handed_over() -> None:
+    """admit() says whether the store counted the request: only then does an overflow give
+    the request token back (the long-context pool's gateway counts it in the same store)."""
+    clock = [0.0]
+    store = ScriptedStore()
+    key_limits, _ = limits_with(store, "allow", Limits(1.0, 2.0, 0), clock)
+    assert await key_limits.admit("k1") is True
+    await key_limits.hand_over("k1")
+    assert store.releases == ["k1"]
+    store.fail_with = TimeoutError()
+    assert await key_limits.admit("k1") is False  # counted in the pod's own bucket
+    await KeyLimits(Limits(1.0, 2.0, 0)).hand_over("k1")  # no store: nothing to give back
 
 
 async def test_a_store_down_at_start_is_logged_once_and_retried_later(

@@ -34,6 +34,10 @@ class AuditRecord:
     request_bytes: int = 0
     max_tokens: int | None = None
     streamed_events: int = 0
+    # Admitted by the shared rate-limit store, and handed over to the long-context pool's
+    # gateway, which counts and charges it in the same store.
+    shared_admission: bool = False
+    handed_over: bool = False
 
 
 class AuditLog:

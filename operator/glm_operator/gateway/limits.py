@@ -96,16 +96,18 @@ class KeyLimits:
             log.info("rate-limit store %s: limits are shared by the service",
                      self.store_config.address)
 
-    async def admit(self, key_id: str) -> None:
-        """Return when `key_id` may send a request now; raise the 429 (or 503) otherwise."""
-        verdict = await self._verdict(key_id)
+    async def admit(self, key_id: str) -> bool:
+        """Return when `key_id` may send a request now; raise the 429 (or 503) otherwise.
+        True when the shared store admitted it (every gateway of the service saw it)."""
+        verdict, shared = await self._verdict(key_id)
         if verdict.refused == "tokens":
             raise errors.tokens_rate_limited(verdict.wait, self.limits.tokens_per_minute,
                                              verdict.balance)
         if verdict.refused == "requests":
             raise errors.rate_limited(verdict.wait, self.limits.requests_per_second)
+        return shared
 
-    async def _verdict(self, key_id: str) -> Verdict:
+    async def _verdict(self, key_id: str) -> tuple[Verdict, bool]:
         if self.store is not None and self.health.should_try():
             try:
                 verdict = await self.store.admit(key_id)
@@ -113,12 +115,25 @@ class KeyLimits:
                 self._store_failed(exc)
             else:
                 self._store_answered()
-                return verdict
+                return verdict, True
         if self.store is not None and self.limiter is None and self.budget is None:
             assert self.store_config is not None
             raise errors.limit_store_unavailable(self.store_config.address,
                                                  max(1, round(self.health.retry_seconds)))
-        return self.admit_locally(key_id)
+        return self.admit_locally(key_id), False
+
+    async def hand_over(self, key_id: str) -> None:
+        """A request the shared store admitted goes to the long-context pool, whose gateway
+        counts and charges it in the same store: give its request token back, so the
+        service counts it once. Best effort: if the store does not answer, it counts twice."""
+        if self.store is None or self.limits.requests_per_second <= 0:
+            return
+        try:
+            await self.store.release_request(key_id)
+        except STORE_ERRORS as exc:
+            self._store_failed(exc)
+        else:
+            self._store_answered()
 
     def admit_locally(self, key_id: str) -> Verdict:
         # The token budget first: a request it refuses takes no request token.

@@ -90,6 +90,16 @@ store(KEYS[1], balance, capacity, rate, now)
 return string.format('%.17g', balance)
 """
 
+# KEYS: request bucket. ARGV: requests per second, burst. Gives back the token `admit` took
+# for a request another gateway of the service will count (an overflow). Returns the tokens.
+RELEASE_SCRIPT = _BUCKET_FUNCTIONS + """
+local now = now_seconds()
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tokens = math.min(burst, refill(KEYS[1], burst, rate, now) + 1)
+store(KEYS[1], tokens, burst, rate, now)
+return string.format('%.17g', tokens)
+"""
+
 Refusal = Literal["tokens", "requests"]
 
 
@@ -162,12 +172,13 @@ class RedisBuckets:
         self.timeout_seconds = timeout_seconds
         self._admit = client.register_script(ADMIT_SCRIPT)
         self._charge = client.register_script(CHARGE_SCRIPT)
+        self._release = client.register_script(RELEASE_SCRIPT)
 
     async def load_scripts(self, timeout_seconds: float) -> None:
         """Connect and load both scripts ahead of the first request, which then pays one
         round trip instead of connect, NOSCRIPT, SCRIPT LOAD and EVALSHA again."""
         async with asyncio.timeout(timeout_seconds):
-            for script in (ADMIT_SCRIPT, CHARGE_SCRIPT):
+            for script in (ADMIT_SCRIPT, CHARGE_SCRIPT, RELEASE_SCRIPT):
                 await self.client.script_load(script)
 
     async def admit(self, key_id: str) -> Verdict:
@@ -185,6 +196,14 @@ class RedisBuckets:
         async with asyncio.timeout(self.timeout_seconds):
             reply = await self._charge(keys=(tokens_key,), args=(
                 f"{limits.token_rate:.17g}", limits.tokens_per_minute, tokens))
+        return float(reply)
+
+    async def release_request(self, key_id: str) -> float:
+        limits = self.limits
+        _, requests_key = bucket_keys(self.namespace, self.service, key_id)
+        async with asyncio.timeout(self.timeout_seconds):
+            reply = await self._release(keys=(requests_key,), args=(
+                f"{limits.requests_per_second:.17g}", f"{limits.burst:.17g}"))
         return float(reply)
 
     async def close(self) -> None:

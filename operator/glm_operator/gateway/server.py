@@ -294,7 +294,7 @@ class Gateway:
             try:
                 record.key_id = self._authenticate(request)
                 if self.limits is not None:
-                    await self.limits.admit(record.key_id)
+                    record.shared_admission = await self.limits.admit(record.key_id)
                 parsed = parse_request(await self._read_body(request), endpoint,
                                        self.config.stop_sequences)
                 record.stream = parsed.stream
@@ -320,7 +320,7 @@ class Gateway:
             elapsed = time.perf_counter() - started
             record.duration_ms = elapsed * 1000
             self._observe(record, elapsed)
-            if self.limits is not None:
+            if self.limits is not None and not record.handed_over:
                 charge = self.limits.charge(record.key_id, tokens_to_charge(record))
                 # Shielded when it waits for the store: a client that went away cancels the
                 # request, not its charge.
@@ -380,6 +380,10 @@ class Gateway:
             finally:
                 self._held -= 1
                 self._set_queued()
+        if record.shared_admission and self.limits is not None:
+            # That pool's gateway counts this request in the same store: count it once.
+            await self.limits.hand_over(record.key_id)
+            record.handed_over = True
         headers = {"Content-Type": JSON, "X-Request-Id": rid}
         if "Authorization" in request.headers:
             headers["Authorization"] = request.headers["Authorization"]
