@@ -134,7 +134,7 @@ def helm_fails(helm: Helm, values: dict[str, Any], *args: str) -> str:
     {"watchNamespaces": ["team-a", "team-b"]},
     {"watchNamespaces": ["team-*"], "replicaCount": 3, "podAntiAffinity": "hard"},
     {"metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
-                 "dashboard": {"enabled": True}},
+                 "dashboard": {"enabled": True}, "prometheusAdapterRules": {"enabled": True}},
      "config": {"prometheus": {"url": "http://prometheus-operated.monitoring:9090"}}},
     {"replicaCount": 1, "leaderElection": {"enabled": False}, "crds": {"enabled": False}},
 ], ids=["defaults", "namespaced", "globbed", "monitoring", "single"])
@@ -403,7 +403,8 @@ def test_long_names_are_truncated_to_63(render: Render, values: dict[str, Any],
                                         release: str) -> None:
     values = {**values, "watchNamespaces": ["team-a"],
               "metrics": {"serviceMonitor": {"enabled": True},
-                          "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}}}
+                          "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True},
+                          "prometheusAdapterRules": {"enabled": True}}}
     objs = render(values, release=release)
     for what, value in _names_and_labels(objs):
         assert len(value) <= 63, (what, value)
@@ -655,13 +656,30 @@ def test_dashboard_queries_use_metrics_the_code_exports() -> None:
             "glm_operator_api_requests_total"} <= used
 
 
-def test_prometheus_adapter_rules_match_the_autoscaling_docs() -> None:
-    shipped = yaml.safe_load((CHART / "files" / "prometheus-adapter-values.yaml").read_text())
-    docs = (REPO / "docs" / "autoscaling.md").read_text()
-    block = docs.split("## prometheus-adapter rules", 1)[1].split("```yaml", 1)[1]
-    documented = yaml.safe_load(block.split("```", 1)[0])
-    assert shipped["rules"]["custom"] == documented
-    from glm_operator.render.scaling_metrics import SIGNALS
+def test_shipped_prometheus_adapter_files_are_the_catalogues_rules() -> None:
+    """Both files are generated (tests/api/test_crds.py finds them stale); the docs point at
+    them instead of repeating the rules."""
+    from glm_operator.render.scaling_metrics import SIGNALS, adapter_config
 
-    for rule in documented:
-        assert rule["name"]["as"] in {s.hpa_metric for s in SIGNALS}, rule["name"]["as"]
+    config = yaml.safe_load((CHART / "files" / "prometheus-adapter-rules.yaml").read_text())
+    values = yaml.safe_load((CHART / "files" / "prometheus-adapter-values.yaml").read_text())
+    assert config == adapter_config()
+    assert values == {"rules": {"custom": adapter_config()["rules"]}}
+    assert {r["name"]["as"] for r in config["rules"]} == {s.hpa_metric for s in SIGNALS}
+    docs = (REPO / "docs" / "autoscaling.md").read_text()
+    assert "files/prometheus-adapter-rules.yaml" in docs and "seriesQuery" not in docs
+    for signal in SIGNALS:  # the docs' table names every target and its metric
+        assert f"| `{signal.target_field}` | `{signal.hpa_metric}` |" in docs, signal
+
+
+def test_prometheus_adapter_rules_configmap_for_rules_existing(render: Render) -> None:
+    from glm_operator.render.scaling_metrics import adapter_config
+
+    assert not find(render(), "ConfigMap", namespace="monitoring")
+    objs = render({"metrics": {"prometheusAdapterRules": {"enabled": True,
+                                                          "namespace": "monitoring"}}})
+    rules = one(objs, "ConfigMap", namespace="monitoring")
+    assert rules["metadata"]["name"] == "glm-glm-operator-prometheus-adapter"
+    # The prometheus-adapter chart mounts rules.existing and runs --config=.../config.yaml.
+    assert list(rules["data"]) == ["config.yaml"]
+    assert yaml.safe_load(rules["data"]["config.yaml"]) == adapter_config()

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from glm_operator.gateway.metrics import (
     KV_CACHE_USAGE_RATIO,
     READY,
@@ -224,3 +226,50 @@ def adapter_query(rule: dict[str, Any], namespace: str, pods: list[str]) -> str:
 def adapter_config() -> dict[str, Any]:
     """A prometheus-adapter config file (its `--config`; the chart's `rules.existing`)."""
     return {"rules": [rule for signal in SIGNALS for rule in signal.adapter_rules()]}
+
+
+def _commented_rules(indent: str) -> list[str]:
+    """The rules as YAML list items, each under a comment saying what it serves."""
+    lines = []
+    for signal in SIGNALS:
+        lines.append(f"{indent}# {signal.target_field} -> {signal.hpa_metric}: {signal.meaning}")
+        for rule in signal.rules:
+            lines.append(f"{indent}# from {rule.note}")
+            item = yaml.safe_dump([rule.as_dict(signal.hpa_metric)], sort_keys=False, width=100)
+            lines += [indent + line for line in item.splitlines()]
+    return lines
+
+
+ADAPTER_RULES_FILE = "charts/glm-operator/files/prometheus-adapter-rules.yaml"
+ADAPTER_VALUES_FILE = "charts/glm-operator/files/prometheus-adapter-values.yaml"
+
+
+def adapter_files(generated_note: str) -> dict[str, str]:
+    """The shipped prometheus-adapter files, by path under the repository root: its config
+    file (the chart's ConfigMap for `rules.existing`) and a values file for the
+    prometheus-community/prometheus-adapter chart (`rules.custom`)."""
+    config = [
+        generated_note.rstrip("\n"),
+        "# prometheus-adapter's config file: the custom metrics GLMService HPAs ask for",
+        "# (docs/autoscaling.md). The glm-operator chart ships it as a ConfigMap",
+        "# (metrics.prometheusAdapterRules) for the prometheus-adapter chart's rules.existing.",
+        "# The gateways must be scraped with namespace and pod labels (the ServiceMonitor the",
+        "# operator renders does this). When several rules find series for one metric,",
+        "# prometheus-adapter keeps the last: the exported_* variants come after the plain ones.",
+        "rules:",
+        *_commented_rules(""),
+    ]
+    values = [
+        generated_note.rstrip("\n"),
+        "# Values for the prometheus-community/prometheus-adapter chart: the custom metrics the",
+        "# GLMService HPAs ask for (docs/autoscaling.md), the same rules as",
+        "# prometheus-adapter-rules.yaml. Install the adapter with",
+        "#   helm install prometheus-adapter prometheus-community/prometheus-adapter \\",
+        "#     -n monitoring --set prometheus.url=http://prometheus-operated.monitoring.svc \\",
+        "#     -f glm-operator/files/prometheus-adapter-values.yaml",
+        "rules:",
+        "  custom:",
+        *_commented_rules("    "),
+    ]
+    return {ADAPTER_RULES_FILE: "\n".join(config) + "\n",
+            ADAPTER_VALUES_FILE: "\n".join(values) + "\n"}
