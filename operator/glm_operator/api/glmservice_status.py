@@ -221,7 +221,7 @@ class GLMServiceStatus(StatusModel):
         default_factory=list,
         max_length=MAX_CONDITIONS,
         description="Ready, ModelReady, Planned, Progressing, Degraded, CanaryProgressing, "
-        "TrafficSplit, Autoscaling.",
+        "TrafficSplit, Autoscaling, AutoscalingTargetsValid.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["type"],
