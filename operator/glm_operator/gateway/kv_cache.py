@@ -9,6 +9,8 @@ whole KV cache when they load), the cache's occupancy does. One reading for ever
   has been generated so far). In use = the tokens of working slots over the slots' contexts
   summed (the `--ctx-size` the planner chose). An idle slot keeps its last prompt for reuse;
   that is not load, so it is not counted, and the gauge goes back to 0 between requests.
+  (With `--kv-unified`, which the planner does not render, every slot reports the whole
+  shared buffer as its context, and the share reads low by the number of slots.)
 - vLLM: its own gauge `vllm:kv_cache_usage_perc` (0..1 despite the name;
   `vllm:gpu_cache_usage_perc` before 0.10), averaged over its engines.
 
