@@ -209,6 +209,48 @@ def test_deleted_and_edited_children_are_restored(
              timeout=60, what="the edited Deployment args restored")
 
 
+def test_removed_overrides_leave_the_child_and_removed_keys_come_back(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    """Intent removals reach the child (server-side apply drops what the operator no longer
+    sets); a key someone removes from the child comes back, with an Event naming it; a key
+    another controller adds is left alone."""
+    deploy_model(kubectl, namespace, CPU_MV, wait_for)
+    svc = copy.deepcopy(CPU_SVC)
+    name = svc["metadata"]["name"]
+    svc["spec"]["podOverrides"] = {"labels": {"team": "search"},
+                                   "annotations": {"example.com/owner": "search"}}
+    kubectl.apply(svc, namespace=namespace)
+    wait_ready(kubectl, namespace, name, wait_for)
+    dep_name = kubectl.items("deployments", "-n", namespace,
+                             "-l", f"{SERVICE_LABEL}={name}")[0]["metadata"]["name"]
+
+    def template(key: str) -> dict[str, str]:
+        meta = kubectl.get_json("deployment", dep_name, "-n", namespace)["spec"]["template"]
+        found: dict[str, str] = meta["metadata"].get(key, {})
+        return found
+    assert template("labels")["team"] == "search"
+    assert template("annotations")["example.com/owner"] == "search"
+
+    kubectl("annotate", "deployment", dep_name, "-n", namespace, "other.example.com/keep=1")
+    del svc["spec"]["podOverrides"]["labels"]
+    kubectl.apply(svc, namespace=namespace)
+    wait_for(lambda: "team" not in template("labels"), timeout=60,
+             what="the label removed from podOverrides gone from the pod template")
+    assert template("annotations")["example.com/owner"] == "search"
+
+    kubectl("label", "deployment", dep_name, "-n", namespace, "glm-operator.dev/pool-")
+    wait_for(lambda: kubectl.get_json("deployment", dep_name, "-n", namespace)
+             ["metadata"]["labels"].get("glm-operator.dev/pool") == "main",
+             timeout=60, what="the label removed from the Deployment restored")
+    events = wait_for(lambda: kubectl.items("events", "-n", namespace, "--field-selector",
+                                            "reason=DriftCorrected"),
+                      timeout=30, what="a DriftCorrected Event")
+    assert "glm-operator.dev/pool" in events[0]["message"], events[0]["message"]
+    assert events[0]["involvedObject"]["kind"] == "GLMService"
+    live = kubectl.get_json("deployment", dep_name, "-n", namespace)["metadata"]
+    assert live["annotations"].get("other.example.com/keep") == "1"
+
+
 def test_deleting_the_service_garbage_collects_children(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
     name = serve_cpu_example(kubectl, namespace, wait_for)

@@ -23,7 +23,13 @@ from glm_operator.analysis.prometheus import PrometheusError, query_scalar
 from glm_operator.api import AnalysisResult, GLMService, GLMServiceStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
-from glm_operator.controllers.drift import merge_patch, object_holds_intent
+from glm_operator.controllers.drift import (
+    Drift,
+    DriftReason,
+    drift,
+    merge_patch,
+    with_intent_hash,
+)
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
 from glm_operator.controllers.rollout import analysis_window, gates
@@ -204,9 +210,11 @@ def _ref(obj: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
-                   live: list[Obj], retained: frozenset[tuple[str, str]] = frozenset()) -> int:
+                   live: list[Obj], retained: frozenset[tuple[str, str]] = frozenset(),
+                   corrected: list[str] | None = None) -> int:
     """Apply what differs, delete owned children neither desired nor retained; return writes
-    made."""
+    made. Children restored after someone else's edit are named in `corrected`."""
+    desired = [with_intent_hash(o) for o in desired]
     optional = [o for o in desired if (o["apiVersion"], o["kind"]) in OPTIONAL_CHILD_KINDS]
     desired = [o for o in desired if (o["apiVersion"], o["kind"]) not in OPTIONAL_CHILD_KINDS]
     late = [o for o in optional if (o["apiVersion"], o["kind"]) in APPLIED_AFTER_PRUNE]
@@ -214,30 +222,33 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
     # Optional children that go are deleted first: a ScaledObject before the HPA that
     # replaces it is created (two HPAs on one Deployment fight).
     writes = _prune_optional_children(kube, owner_uid, optional)
-    writes += _apply_optional_children(kube, owner_uid, early)
+    writes += _apply_optional_children(kube, owner_uid, early, corrected)
     live_by_ref = {_ref(o): o for o in live}
     for obj in desired:
         current = live_by_ref.get(_ref(obj))
         hands_off_replicas = INITIAL_REPLICAS_ANNOTATION in obj["metadata"].get(
             "annotations", {})
         if current is None and hands_off_replicas:
-            # replicas belong to the HPA or the gateway, not to our applied intent: set the
-            # starting count once, by a plain create under another manager, so later applies
-            # (which omit replicas) never reset it.
-            kube.create(with_initial_replicas(obj), field_manager=INITIAL_FIELD_MANAGER)
-            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="create").inc()
-            writes += 1
+            # replicas belong to the HPA or the gateway, not to our applied intent. Create
+            # with the starting count, then let another manager co-own it: later applies
+            # (which omit replicas) then never reset it, and every other field stays ours
+            # alone, so a field dropped from the intent is really removed.
+            created = with_initial_replicas(obj)
+            _apply(kube, created, Drift(DriftReason.MISSING, "."))
+            kube.apply(_replicas_only(created), field_manager=INITIAL_FIELD_MANAGER)
+            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="handover").inc()
+            writes += 2
             continue
-        if hands_off_replicas and current is not None and _applies_replicas(current):
+        if hands_off_replicas and current is not None and _replicas_ours_alone(current):
             # A pool whose size a rollout set is handed to its HPA: another manager takes
             # replicas at the live count first, else dropping the field from our apply
             # would reset the Deployment to 1 replica.
             kube.apply(_replicas_only(current), field_manager=INITIAL_FIELD_MANAGER)
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="handover").inc()
             writes += 1
-        if not object_holds_intent(obj, current):
-            kube.apply(obj)
-            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
+        difference = drift(obj, current)
+        if difference is not None:
+            _apply(kube, obj, difference, corrected)
             writes += 1
     wanted = {_ref(o) for o in desired} | retained
     for obj in live:
@@ -247,7 +258,19 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
             kube.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="delete").inc()
             writes += 1
-    return writes + _apply_optional_children(kube, owner_uid, late)
+    return writes + _apply_optional_children(kube, owner_uid, late, corrected)
+
+
+def _apply(kube: KubeClient, obj: Obj, why: Drift, corrected: list[str] | None = None) -> None:
+    """Server-side apply, saying why: the log has the first differing field, the metrics
+    count by reason, and an edit by someone else is reported to the owner's Events."""
+    meta = obj["metadata"]
+    log.info("applying %s %s/%s (%s)", obj["kind"], meta.get("namespace"), meta["name"], why)
+    kube.apply(obj)
+    metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
+    metrics.CHILD_DRIFT.labels(kind=obj["kind"], reason=why.reason.value).inc()
+    if why.reason is DriftReason.LIVE_CHANGED and corrected is not None:
+        corrected.append(f"{obj['kind']} {meta['name']}: {why.path}")
 
 
 # Optional children as last applied or seen holding the intent: owner uid -> ref -> object.
@@ -275,7 +298,8 @@ def _prune_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj
     return len(gone)
 
 
-def _apply_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj]) -> int:
+def _apply_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
+                             corrected: list[str] | None = None) -> int:
     writes = 0
     for obj in desired:
         ref = _optional_ref(obj)
@@ -284,9 +308,9 @@ def _apply_optional_children(kube: KubeClient, owner_uid: str, desired: list[Obj
                 continue  # unchanged intent, and it held when last looked at
         meta = obj["metadata"]
         live = kube.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if not object_holds_intent(obj, live):
-            kube.apply(obj)
-            metrics.CHILD_WRITES.labels(kind=obj["kind"], action="apply").inc()
+        difference = drift(obj, live)
+        if difference is not None:
+            _apply(kube, obj, difference, corrected)
             writes += 1
         with _optional_lock:
             _optional_applied.setdefault(owner_uid, {})[ref] = obj
@@ -324,12 +348,12 @@ def forget_optional_children(live_owners: set[str]) -> None:
         _scaled_objects_listed.intersection_update(live_owners)
 
 
-def _applies_replicas(live: Mapping[str, Any]) -> bool:
-    """Whether our own applied intent holds spec.replicas of this live object."""
-    for entry in live.get("metadata", {}).get("managedFields") or []:
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
-            return "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})
-    return False
+def _replicas_ours_alone(live: Mapping[str, Any]) -> bool:
+    """Whether our own applied intent is the only owner of spec.replicas of this object."""
+    owners = {(entry.get("manager"), entry.get("operation"))
+              for entry in live.get("metadata", {}).get("managedFields") or []
+              if "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})}
+    return owners == {(FIELD_MANAGER, "Apply")}
 
 
 def _replicas_only(live: Mapping[str, Any]) -> Obj:
@@ -343,6 +367,15 @@ def with_initial_replicas(obj: Mapping[str, Any]) -> Obj:
     created = {**obj, "spec": {**obj["spec"]}}
     created["spec"]["replicas"] = int(obj["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION])
     return created
+
+
+def _drift_events(corrected: list[str]) -> list[tuple[str, str, str]]:
+    """One Event per reconcile that undid someone else's edits to the children."""
+    if not corrected:
+        return []
+    shown = "; ".join(corrected[:5]) + (f"; and {len(corrected) - 5} more"
+                                        if len(corrected) > 5 else "")
+    return [("Warning", "DriftCorrected", f"restored what the operator sets: {shown}")]
 
 
 def _emit(kube: KubeClient, body: Mapping[str, Any], events: list[tuple[str, str, str]]) -> None:
@@ -415,15 +448,16 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 body, _model_versions_of(body, indexes["modelversions"], namespace), children,
                 rt.config, rt.profiles, capabilities, now=now,
                 analysis=_canary_analysis(rt.config, body, now))
+            corrected: list[str] = []
             _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
-                           decision.retained)
+                           decision.retained, corrected)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
             old_status = GLMServiceStatus.model_validate(body.get("status") or {}).model_dump(
                 by_alias=True, mode="json", exclude_none=True)
             if new_status != old_status:
                 _write_status(rt.kube, body, new_status, merge_patch(old_status, new_status))
                 _count_status_change(old_status, new_status)
-            _emit(rt.kube, body, decision.events)
+            _emit(rt.kube, body, [*decision.events, *_drift_events(corrected)])
             if rt.wakeups is not None:
                 if decision.requeue_after is not None:
                     rt.wakeups.schedule(key, decision.requeue_after)
@@ -512,14 +546,16 @@ def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, An
         children = _children(indexes, MODEL_CHILD_INDEXES, (namespace, name))
         try:
             decision = decide_model_version(body, children, rt.config)
-            _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children)
+            corrected: list[str] = []
+            _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
+                           corrected=corrected)
             if decision.status_patch:
                 # Guarded by resourceVersion: the fetch Job writes this status too.
                 rt.kube.patch_merge(
                     f"{GROUP}/{VERSION}", "ModelVersion", namespace, name,
                     {"metadata": {"resourceVersion": body["metadata"]["resourceVersion"]},
                      "status": decision.status_patch}, "status")
-            _emit(rt.kube, body, decision.events)
+            _emit(rt.kube, body, [*decision.events, *_drift_events(corrected)])
         except KubeError as exc:
             metrics.RECONCILES.labels("ModelVersion", "error").inc()
             if exc.status == 409:

@@ -17,6 +17,12 @@ CHILD_WRITES = Counter(
     "glm_operator_child_writes_total", "Children applied or deleted, by kind and action.",
     ["kind", "action"],
 )
+CHILD_DRIFT = Counter(
+    "glm_operator_child_drift_total",
+    "Children written because they differed, by kind and reason: Missing, IntentChanged (the "
+    "operator renders something else) or LiveChanged (someone else edited a field it sets).",
+    ["kind", "reason"],
+)
 MANAGED_OBJECTS = Gauge(
     "glm_operator_managed_objects", "Objects the operator manages, by kind.", ["kind"]
 )
