@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pydantic
@@ -13,6 +14,7 @@ from glm_operator.render.pod import RenderInputError
 from glm_operator.render.service import Capabilities, render_service
 
 from render.cases import (
+    GOLDEN_SPECS,
     INVALID,
     VALID_CASES,
     golden_inputs,
@@ -190,6 +192,20 @@ def test_cpu_profile_threads_match_the_cpu_request_and_overrides_apply() -> None
     assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "search"
     assert {"name": "LLAMA_LOG_VERBOSITY", "value": "1"} in engine["env"]
     assert arg(container(deployment, "gateway"), "--audit") == "off"
+
+
+@pytest.mark.parametrize(("resources", "threads"), [
+    ({"limits": {"cpu": "2500m"}}, "2"),  # whole cores of the limit
+    ({"requests": {"cpu": 6}}, "6"),  # no limit: the request
+    ({"requests": {"cpu": "8"}, "limits": {"cpu": "3"}}, "3"),  # the limit caps
+    ({"limits": {"cpu": "500m"}}, "1"),  # never fewer than one
+])
+def test_threads_follow_a_cpu_override(resources: dict[str, Any], threads: str) -> None:
+    spec = copy.deepcopy(GOLDEN_SPECS[("llamacpp", "cpu")])
+    spec["podOverrides"]["resources"] = resources
+    svc = service("llamacpp", "cpu", **spec)
+    deployment = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")[0]
+    assert arg(container(deployment, "engine"), "--threads") == threads
 
 
 def test_startup_probe_grows_with_the_model() -> None:

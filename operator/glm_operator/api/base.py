@@ -10,9 +10,9 @@ cross-field rules are written twice, once as a pydantic validator and once as CE
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from glm_operator.wellknown import API_VERSION as API_VERSION
@@ -56,11 +56,48 @@ class StatusModel(BaseModel):
 
 
 # A Kubernetes quantity ("24Gi", "500m", 4). The CRD schema says int-or-string.
-Quantity = Annotated[
-    str | int,
-    WithJsonSchema({"x-kubernetes-int-or-string": True}),
-    Field(union_mode="left_to_right"),
-]
+# A Kubernetes quantity ("20Gi", "1500m", 2), never negative. The API server checks it with
+# CEL's quantity library, the pydantic type with the same grammar, so `glm-operator render`
+# refuses what `kubectl apply` would.
+_QUANTITY = re.compile(r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_ZERO = re.compile(r"^\+?[0.]*([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+
+
+def _quantity(positive: bool) -> Any:
+    least = "positive" if positive else "non-negative"
+    message = f"must be a {least} Kubernetes quantity such as 20Gi, 1500m or 2"
+    sign = "== 1" if positive else ">= 0"
+
+    def check(value: str | int) -> str | int:
+        if isinstance(value, int):
+            bad = value <= 0 if positive else value < 0
+        else:
+            bad = not _QUANTITY.match(value) or (positive and bool(_ZERO.match(value)))
+        if bad:
+            raise ValueError(f"{value!r} {message}")
+        return value
+
+    return Annotated[
+        str | int,
+        WithJsonSchema({
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [{
+                "rule": f"type(self) == int ? self {'>' if positive else '>='} 0 : "
+                        f"isQuantity(self) && quantity(self).sign() {sign}",
+                "message": message,
+            }],
+        }),
+        Field(union_mode="left_to_right"),
+        AfterValidator(check),
+    ]
+
+
+if TYPE_CHECKING:
+    Quantity = str | int
+    PositiveQuantity = str | int
+else:
+    Quantity = _quantity(positive=False)
+    PositiveQuantity = _quantity(positive=True)
 
 # An object whose fields Kubernetes defines (affinity, ...): passed through unvalidated.
 FreeFormObject = Annotated[

@@ -18,7 +18,7 @@ from glm_operator.api.base import (
     API_VERSION,
     Int64,
     ObjectMeta,
-    Quantity,
+    PositiveQuantity,
     SecretName,
     SpecModel,
     StatusModel,
@@ -118,7 +118,7 @@ class ModelCache(SpecModel):
         max_length=253,
         description="StorageClass of the cache PVC; the cluster default when unset.",
     )
-    size: Quantity | None = Field(
+    size: PositiveQuantity | None = Field(
         default=None,
         description=(
             "Requested PVC size (e.g. 20Gi). When unset: the declared facts.sizeBytes plus 10%, "

@@ -40,8 +40,10 @@ def llamacpp_argv(
     port: int,
     alias: str,
     extra_args: Sequence[str] = (),
+    threads: int | None = None,
 ) -> list[str]:
-    """`llama-server` argv (command included) for one replica of a llama.cpp plan."""
+    """`llama-server` argv (command included) for one replica of a llama.cpp plan;
+    `threads` replaces the plan's when the pod's CPU was overridden."""
     settings = plan.llamacpp
     if settings is None:
         raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no llama.cpp settings")
@@ -58,7 +60,7 @@ def llamacpp_argv(
         "--cache-type-k", settings.cache_type_k,
         "--cache-type-v", settings.cache_type_v,
         "--flash-attn", _on_off(settings.flash_attn),
-        "--threads", str(settings.threads),
+        "--threads", str(threads or settings.threads),
         "--batch-size", str(settings.batch_size),
         "--ubatch-size", str(settings.ubatch_size),
         "--cache-ram", str(settings.cache_ram_mib),
@@ -108,9 +110,10 @@ def vllm_argv(
 
 
 def engine_argv(
-    plan: Plan, model_path: str, port: int, name: str, extra_args: Sequence[str] = ()
+    plan: Plan, model_path: str, port: int, name: str, extra_args: Sequence[str] = (),
+    threads: int | None = None,
 ) -> list[str]:
     """The argv for whichever engine the plan is for."""
     if plan.request.engine == "vllm":
         return vllm_argv(plan, model_path, port, name, extra_args)
-    return llamacpp_argv(plan, model_path, port, name, extra_args)
+    return llamacpp_argv(plan, model_path, port, name, extra_args, threads)

@@ -24,7 +24,7 @@ from glm_operator.planning.planner import Plan
 from glm_operator.render.engine_args import engine_argv
 from glm_operator.render.model_family import stop_sequences
 from glm_operator.render.names import dns_name
-from glm_operator.render.quantity import cpu_quantity, memory_quantity
+from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
 
 MODEL_MOUNT = "/models"
 API_KEYS_MOUNT = "/etc/glm-operator/api-keys"
@@ -228,6 +228,20 @@ def _override_values(values: Mapping[str, str | int] | None, device: str | None)
     return {k: str(v) for k, v in (values or {}).items() if k != device}
 
 
+def overridden_threads(ctx: PoolContext) -> int | None:
+    """llama.cpp threads for a CPU the user set in podOverrides.resources (the limit, else
+    the request), one per whole core: more threads than cores only contend. None when the
+    plan's CPU stands."""
+    overrides = ctx.service.spec.pod_overrides
+    resources = overrides.resources if overrides is not None else None
+    if resources is None:
+        return None
+    cpu = (resources.limits or {}).get("cpu") or (resources.requests or {}).get("cpu")
+    if cpu is None:
+        return None
+    return max(1, math.floor(cpu_cores(cpu)))
+
+
 def engine_resources(ctx: PoolContext) -> dict[str, dict[str, str]]:
     res = ctx.plan.resources
     cpu = cpu_quantity(res.cpu_request)
@@ -278,6 +292,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         config.engine_port,
         ctx.service_name,
         ctx.service.spec.engine_args or (),
+        threads=overridden_threads(ctx),
     )
     split = 2 if ctx.engine == "vllm" else 1  # `vllm serve` vs `llama-server`
     overrides = ctx.service.spec.pod_overrides

@@ -41,3 +41,14 @@ def decimal_quantity(value: float | int) -> str:
 
 def cpu_quantity(cores: float) -> str:
     return decimal_quantity(cores)
+
+
+def cpu_cores(quantity: str | int | float) -> float:
+    """A CPU quantity as cores: "2" -> 2.0, "1500m" -> 1.5, 4 -> 4.0."""
+    text = str(quantity).strip()
+    try:
+        if text.endswith("m"):
+            return float(text[:-1]) / 1000
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a CPU quantity: {quantity!r} (e.g. 2, 1.5 or 1500m)") from None
