@@ -343,6 +343,17 @@ def test_idle_operator_writes_nothing(
         assert before > 0  # it did reconcile this service
         time.sleep(settle_seconds)
         assert writes() == before, process.tail()
+        # A reconcile that finds nothing changed writes nothing either (every child kind is
+        # read from the cache, the fetch Job's RBAC included).
+        reconciles = process.metric("glm_operator_reconciles_total", kind="ModelVersion",
+                                    result="ok")
+        kubectl("label", "modelversion", CPU_MV["metadata"]["name"], "-n", namespace,
+                "example.com/touched=1")
+        wait_for(lambda: process.metric("glm_operator_reconciles_total", kind="ModelVersion",
+                                        result="ok") > reconciles,
+                 timeout=30, what="a ModelVersion reconcile after the label")
+        time.sleep(2)
+        assert writes() == before, process.tail()
     finally:
         process.stop()
         kubectl.run("delete", "namespace", namespace, "--wait=false", check=False)

@@ -94,7 +94,7 @@ def test_rbac_is_one_modelversion_status_only() -> None:
         {"apiGroups": ["serving.glm-operator.dev"], "resources": ["modelversions"],
          "resourceNames": ["glm4-9b-q4"], "verbs": ["get"]},
         {"apiGroups": ["serving.glm-operator.dev"], "resources": ["modelversions/status"],
-         "resourceNames": ["glm4-9b-q4"], "verbs": ["get", "patch", "update"]},
+         "resourceNames": ["glm4-9b-q4"], "verbs": ["get", "patch"]},
     ]
     pod = by_kind(objects, "Job")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == by_kind(objects, "ServiceAccount")["metadata"]["name"]

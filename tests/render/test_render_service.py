@@ -117,7 +117,7 @@ def test_long_context_wiring_and_narrow_rbac() -> None:
     (binding,) = by_kind(objects, "RoleBinding")
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                               "resourceNames": [lc["metadata"]["name"]],
-                              "verbs": ["get", "patch", "update"]}]
+                              "verbs": ["get", "patch"]}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
     main_pod, lc_pod = main["spec"]["template"]["spec"], lc["spec"]["template"]["spec"]

@@ -68,7 +68,15 @@ OPTIONAL_CHILD_KINDS = frozenset({
 # Applied after the watched children are pruned: KEDA's admission webhook refuses a
 # ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
 APPLIED_AFTER_PRUNE = frozenset({SCALED_OBJECT})
-MODEL_VERSION_CHILDREN = (("batch", "v1", "jobs"), ("", "v1", "persistentvolumeclaims"))
+# Every kind render_model_version makes: one not indexed here would look missing at every
+# reconcile, and be applied again each time.
+MODEL_VERSION_CHILDREN = (
+    ("batch", "v1", "jobs"),
+    ("", "v1", "persistentvolumeclaims"),
+    ("", "v1", "serviceaccounts"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+)
 
 log = logging.getLogger("glm_operator")
 

@@ -54,7 +54,7 @@ def scale_rules(deployment: str) -> list[dict[str, Any]]:
         "apiGroups": ["apps"],
         "resources": ["deployments/scale"],
         "resourceNames": [deployment],
-        "verbs": ["get", "patch", "update"],
+        "verbs": ["get", "patch"],
     }]
 
 
@@ -64,5 +64,5 @@ def model_version_status_rules(group: str, model_version: str) -> list[dict[str,
         {"apiGroups": [group], "resources": ["modelversions"],
          "resourceNames": [model_version], "verbs": ["get"]},
         {"apiGroups": [group], "resources": ["modelversions/status"],
-         "resourceNames": [model_version], "verbs": ["get", "patch", "update"]},
+         "resourceNames": [model_version], "verbs": ["get", "patch"]},
     ]
