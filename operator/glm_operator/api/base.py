@@ -66,7 +66,9 @@ _ZERO = re.compile(r"^\+?[0.]*([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
 def _quantity(positive: bool) -> Any:
     least = "positive" if positive else "non-negative"
     message = f"must be a {least} Kubernetes quantity such as 20Gi, 1500m or 2"
-    sign = "== 1" if positive else ">= 0"
+    # The quantity library of the pinned API server has compare methods, not sign().
+    least_ok = "quantity(self).isGreaterThan(quantity('0'))" if positive \
+        else "!quantity(self).isLessThan(quantity('0'))"
 
     def check(value: str | int) -> str | int:
         if isinstance(value, int):
@@ -81,9 +83,10 @@ def _quantity(positive: bool) -> Any:
         str | int,
         WithJsonSchema({
             "x-kubernetes-int-or-string": True,
+            "maxLength": 64,  # bounds the CEL cost (and no real quantity is longer)
             "x-kubernetes-validations": [{
                 "rule": f"type(self) == int ? self {'>' if positive else '>='} 0 : "
-                        f"isQuantity(self) && quantity(self).sign() {sign}",
+                        f"isQuantity(self) && {least_ok}",
                 "message": message,
             }],
         }),
