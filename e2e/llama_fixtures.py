@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from glm_operator.fetch.gguf_header import read_gguf_file
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import Plan, PlanRequest, plan
 from glm_operator.render.engine_args import llamacpp_argv
 
@@ -49,10 +49,10 @@ def llama_binary() -> Path:
     return llama_server_binary()
 
 
-def facts_of(model: Path) -> ModelFacts:
-    """ModelFacts as the operator gets them: the fetch Job's header reader and the file size."""
+def facts_of(model: Path) -> ArchitectureFacts:
+    """Planner facts as the operator gets them: the fetch Job's header reader and the file size."""
     header = read_gguf_file(model)
-    return ModelFacts.from_gguf_metadata(header.metadata, file_size=model.stat().st_size)
+    return ArchitectureFacts.from_gguf_metadata(header.metadata, file_size=model.stat().st_size)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class CpuCase:
         return self.name
 
 
-def cpu_plan(facts: ModelFacts, case: CpuCase) -> Plan:
+def cpu_plan(facts: ArchitectureFacts, case: CpuCase) -> Plan:
     request = PlanRequest(
         facts=facts,
         quantization=facts.quantization or "F16",

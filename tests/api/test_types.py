@@ -220,7 +220,7 @@ def test_condition_serialises_like_metav1() -> None:
 def test_plan_summary_keeps_everything_the_planner_reports() -> None:
     """status.plan stores Plan.summary(); a field the schema lacks would be pruned."""
     from glm_operator.api import PlanSummary
-    from glm_operator.planning.facts import ModelFacts as PlannerFacts
+    from glm_operator.planning.facts import ArchitectureFacts as PlannerFacts
     from glm_operator.planning.planner import PlanRequest, plan
     from pydantic.alias_generators import to_camel
 

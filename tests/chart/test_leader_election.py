@@ -197,7 +197,9 @@ def test_the_leader_steps_down_when_renewals_fail_for_the_deadline() -> None:
     api.fail = KubeError("503 etcd unavailable", status=503)
     started = time.monotonic()
     assert lost.wait(3)
-    assert 0.4 <= time.monotonic() - started < 1.2
+    # Not before the renew deadline's worth of failures, and before the lease could have
+    # passed to another replica (the property that matters: never two leaders).
+    assert 0.4 <= time.monotonic() - started < settings.lease_duration
     assert not leader.is_leader
     leader.stop()
 
@@ -213,7 +215,7 @@ def test_a_hung_renewal_does_not_postpone_stepping_down() -> None:
     api.hang.set()  # a partitioned node: requests never answer
     started = time.monotonic()
     assert lost.wait(3)
-    assert time.monotonic() - started < 1.2
+    assert time.monotonic() - started < settings.lease_duration  # before another can lead
     api.hang.clear()
     leader.stop()
 

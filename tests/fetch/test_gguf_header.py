@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import io
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -64,12 +63,23 @@ def test_matches_the_gguf_package_reader(make_gguf: MakeGGUF) -> None:
     assert facts.data_offset == reference.data_offset
 
 
-def test_large_vocabulary_is_skipped_quickly(make_gguf: MakeGGUF) -> None:
+def test_large_vocabulary_is_skipped_not_decoded(make_gguf: MakeGGUF,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 150,000 token strings are stepped over by their lengths, never decoded (the
+    header of a real GLM GGUF has this many): counted, not timed."""
+    from glm_operator.fetch import gguf_header
+
+    decoded = []
+    real_string = gguf_header._Reader.string
+
+    def counting_string(self: gguf_header._Reader, what: str) -> str:
+        decoded.append(what)
+        return real_string(self, what)
+    monkeypatch.setattr(gguf_header._Reader, "string", counting_string)
     path = make_gguf("glm4", vocab=150_000)
-    started = time.perf_counter()
     facts = read_gguf_file(path)
     assert facts.architecture == "glm4"
-    assert time.perf_counter() - started < 2.0
+    assert len(decoded) < 200, f"{len(decoded)} strings decoded"
 
 
 def test_header_is_read_without_the_tensor_data(make_gguf: MakeGGUF, tmp_path: Path) -> None:

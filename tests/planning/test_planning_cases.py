@@ -7,7 +7,7 @@ the planner: if the code drifts from the documented model, these fail.
 from __future__ import annotations
 
 import pytest
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.memory import ffn_width, llamacpp_compute_bytes
 from glm_operator.planning.planner import PlanRequest, plan
 
@@ -15,7 +15,7 @@ MiB = 1024**2
 GiB = 1024**3
 
 # GLM-4-9B-class GGUF: glm4, 40 layers, n_embd 4096, FFN 13696, 32 heads, 2 KV heads of 128.
-GLM4_9B = ModelFacts(
+GLM4_9B = ArchitectureFacts(
     architecture="glm4",
     block_count=40,
     embedding_length=4096,
@@ -30,7 +30,7 @@ GLM4_9B = ModelFacts(
 )
 
 # GLM-4.5-Air-class: glm4moe, 46 layers + 1 nextn, 106B total / 12B active, 96 heads, 8 KV heads.
-GLM45_AIR = ModelFacts(
+GLM45_AIR = ArchitectureFacts(
     architecture="glm4moe",
     block_count=46,
     nextn_predict_layers=1,
@@ -50,7 +50,7 @@ GLM45_AIR = ModelFacts(
 )
 
 # GLM-4.6-class: glm4moe, 355B, 92 layers + 1 nextn, n_embd 5120, 96 heads, 8 KV heads.
-GLM46 = ModelFacts(
+GLM46 = ArchitectureFacts(
     architecture="glm4moe",
     block_count=92,
     nextn_predict_layers=1,
@@ -253,7 +253,7 @@ def test_cpu_node_of_8_gib_at_32k_x_4() -> None:
 
 
 def test_glm4moe_gguf_header_block_count_includes_nextn() -> None:
-    facts = ModelFacts.from_gguf_metadata({
+    facts = ArchitectureFacts.from_gguf_metadata({
         "general.architecture": "glm4moe",
         "general.file_type": 15,
         "glm4moe.block_count": 47,
@@ -296,8 +296,9 @@ def test_requests_that_cannot_be_planned_say_why(changes: dict[str, object], nee
 
 
 def test_v100_runs_vllm_in_float16_and_refuses_fp8() -> None:
-    small = ModelFacts(architecture="glm4", block_count=40, embedding_length=4096, head_count=32,
-                       head_count_kv=2, context_length=131072, parameter_count=9_400_000_000)
+    small = ArchitectureFacts(architecture="glm4", block_count=40, embedding_length=4096,
+                              head_count=32, head_count_kv=2, context_length=131072,
+                              parameter_count=9_400_000_000)
     p = plan(PlanRequest(facts=small, quantization="bf16", engine="vllm",
                          accelerator="nvidia-v100-32gb", context_length=8192))
     assert p.vllm is not None and p.vllm.dtype == "float16"
@@ -317,12 +318,12 @@ def test_compute_buffer_ffn_width_dense_moe_and_fallback() -> None:
     assert ffn_width(GLM45_AIR) == 11_264
     # llama-style MoE (Mixtral): no expert key, feed_forward_length is one expert's width:
     # 2 used x 14_336 = 28_672.
-    mixtral = ModelFacts(architecture="llama", block_count=32, embedding_length=4096,
+    mixtral = ArchitectureFacts(architecture="llama", block_count=32, embedding_length=4096,
                          head_count=32, head_count_kv=8, context_length=32768,
                          expert_count=8, expert_used_count=2, feed_forward_length=14_336)
     assert ffn_width(mixtral) == 28_672
     # Unknown width: 4 x n_embd = 16_384, above GLM's real ratios (a safe over-estimate).
-    unknown = ModelFacts(architecture="glm4", block_count=40, embedding_length=4096,
+    unknown = ArchitectureFacts(architecture="glm4", block_count=40, embedding_length=4096,
                          head_count=32, head_count_kv=2, context_length=131072)
     assert ffn_width(unknown) == 16_384
 
@@ -342,7 +343,7 @@ def test_compute_buffer_without_flash_attention_is_the_kq_phase() -> None:
 
 
 def test_gguf_header_feed_forward_lengths() -> None:
-    facts = ModelFacts.from_gguf_metadata({
+    facts = ArchitectureFacts.from_gguf_metadata({
         "general.architecture": "glm4moe",
         "glm4moe.block_count": 47,
         "glm4moe.nextn_predict_layers": 1,
@@ -356,7 +357,7 @@ def test_gguf_header_feed_forward_lengths() -> None:
     })
     assert (facts.feed_forward_length, facts.expert_feed_forward_length) == (10944, 1408)
     # A per-layer array (some architectures vary the width) counts its widest layer.
-    per_layer = ModelFacts.from_gguf_metadata({
+    per_layer = ArchitectureFacts.from_gguf_metadata({
         "general.architecture": "llama",
         "llama.block_count": 3,
         "llama.context_length": 4096,

@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from glm_operator.planning.accelerators import PROFILES
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import PlanRequest, plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
 @st.composite
-def model_facts(draw: st.DrawFn) -> ModelFacts:
+def model_facts(draw: st.DrawFn) -> ArchitectureFacts:
     head_dim = draw(st.sampled_from([64, 128]))
     kv_heads = draw(st.sampled_from([1, 2, 4, 8]))
     heads = kv_heads * draw(st.sampled_from([1, 2, 4, 8, 12]))
-    return ModelFacts(
+    return ArchitectureFacts(
         architecture=draw(st.sampled_from(["glm4", "glm4moe", "llama"])),
         block_count=draw(st.integers(2, 96)),
         nextn_predict_layers=draw(st.integers(0, 1)),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from glm_operator.api import GLMService, ModelVersion
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.from_api import plan_request_for
 from glm_operator.planning.planner import Plan, PlanRequest, plan
 from glm_operator.render.engine_args import (
@@ -17,12 +17,12 @@ from glm_operator.render.engine_args import (
     vllm_argv,
 )
 
-GLM4_9B = ModelFacts(
+GLM4_9B = ArchitectureFacts(
     architecture="glm4", block_count=40, embedding_length=4096, head_count=32,
     head_count_kv=2, key_length=128, value_length=128, context_length=131072,
     parameter_count=9_400_000_000,
 )
-GLM45_AIR = ModelFacts(
+GLM45_AIR = ArchitectureFacts(
     architecture="glm4moe", block_count=46, nextn_predict_layers=1, embedding_length=4096,
     head_count=96, head_count_kv=8, key_length=128, value_length=128, context_length=131072,
     parameter_count=106_000_000_000, expert_count=128, expert_used_count=8,

@@ -1,7 +1,10 @@
 """kopf handlers: thin glue from watch events to observe -> decide -> apply.
 
-Everything the operator reads comes from kopf indexes (in-memory, fed by one watch per
-kind), so a reconcile makes no read requests; it writes only what differs. Reconciles are
+Everything the operator reads about its objects comes from kopf indexes (in-memory, fed by
+one watch per kind); a reconcile reads from the API server only what cannot be watched
+safely: whether optional CRDs (Istio, ServiceMonitor) are installed, cached for
+capabilityRecheckSeconds, and optional children when their intent changed or at a resync.
+It writes only what differs. Reconciles are
 triggered by the object's own changes, by any change of its children or ModelVersion (so
 status follows pods becoming ready, and a deleted child comes back at once), and by a slow
 timer as a backstop.

@@ -40,7 +40,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from glm_operator.api.modelversion import ModelFacts
-from glm_operator.planning.facts import ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT
+from glm_operator.layers import gguf_block_count
 
 log = logging.getLogger("glm_operator.fetch")
 
@@ -106,8 +106,8 @@ def facts_from_config(config: Mapping[str, Any], size_bytes: int | None = None,
     architecture, _ = architecture_names(config)
     layers = _int(_first(config, "num_hidden_layers", "num_layers", "n_layer"))
     nextn = _int(config.get("num_nextn_predict_layers"))
-    if layers is not None and nextn and architecture in ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT:
-        layers += nextn
+    if layers is not None and nextn:
+        layers = gguf_block_count(architecture or "", layers, nextn)
     head_dim = _int(_first(config, "head_dim", "kv_channels"))
     values: dict[str, Any] = {
         "architecture": architecture,

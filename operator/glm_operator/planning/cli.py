@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from glm_operator.planning.accelerators import PROFILES, load_profiles
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import Plan, PlanRequest, gib, plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     facts = parser.add_argument_group("model facts")
     facts.add_argument("--gguf-facts", type=Path, metavar="FILE",
-                       help="JSON file of model facts (ModelFacts fields, snake_case)")
+                       help="JSON file of model facts (ArchitectureFacts fields, snake_case)")
     facts.add_argument("--arch", help="architecture (glm4, glm4moe, llama, ...)")
     facts.add_argument("--layers", type=int, help="trunk decoder layers (block_count)")
     facts.add_argument("--nextn", type=int, default=0, help="nextn (MTP) layers")
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
-def _facts(args: argparse.Namespace) -> ModelFacts:
+def _facts(args: argparse.Namespace) -> ArchitectureFacts:
     data: dict[str, Any] = {}
     if args.gguf_facts:
         data.update(json.loads(args.gguf_facts.read_text()))
@@ -76,7 +76,7 @@ def _facts(args: argparse.Namespace) -> ModelFacts:
                            "head_count_kv", "context_length") if k not in data]
     if missing:
         raise ValueError(f"model facts missing: {', '.join(missing)} (flags or --gguf-facts)")
-    return ModelFacts.from_mapping(data)
+    return ArchitectureFacts.from_mapping(data)
 
 
 def _rows(p: Plan) -> list[tuple[str, str]]:

@@ -1,6 +1,6 @@
 """What the planner knows about a model: architecture numbers and weight sizes.
 
-`ModelFacts` is filled from a GGUF header (measured by the fetch Job into ModelVersion
+`ArchitectureFacts` is filled from a GGUF header (measured by the fetch Job into ModelVersion
 status), from facts declared in a ModelVersion spec, or from a JSON file for
 `glm-operator plan --gguf-facts`. It carries no engine or hardware assumption.
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
+
+from glm_operator.layers import trunk_layers
 
 # llama.cpp's `general.file_type` (enum llama_ftype) -> the quantization name users type.
 GGUF_FILE_TYPES: dict[int, str] = {
@@ -53,12 +55,10 @@ GGUF_FILE_TYPES: dict[int, str] = {
     38: "MXFP4_MOE",
 }
 
-# Architectures whose GGUF block_count includes the nextn (MTP) layers.
-ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT = frozenset({"glm4moe", "glm-dsa", "deepseek2"})
 
 
 @dataclass(frozen=True)
-class ModelFacts:
+class ArchitectureFacts:
     """Architecture numbers of one model, independent of engine and hardware."""
 
     architecture: str
@@ -125,7 +125,7 @@ class ModelFacts:
         return self.expert_count > 0
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> ModelFacts:
+    def from_mapping(cls, data: Mapping[str, Any]) -> ArchitectureFacts:
         """Build from a plain mapping (JSON facts file, declared spec facts); unknown keys fail."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -136,7 +136,7 @@ class ModelFacts:
     @classmethod
     def from_gguf_metadata(
         cls, metadata: Mapping[str, Any], *, file_size: int | None = None
-    ) -> ModelFacts:
+    ) -> ArchitectureFacts:
         """Build from GGUF key/value metadata (`general.architecture`, `<arch>.block_count`, ...).
 
         `file_size` is the measured artifact size; it becomes `weights_bytes` for the file's
@@ -160,10 +160,8 @@ class ModelFacts:
                 raise ValueError(f"GGUF metadata lacks {arch}.{name}")
             return int(value)
 
-        block_count = required("block_count")
         nextn = int(key("nextn_predict_layers") or 0)
-        if arch in ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT:
-            block_count -= nextn
+        block_count = trunk_layers(arch, required("block_count"), nextn)
         head_count = required("attention.head_count")
         head_count_kv = int(key("attention.head_count_kv") or head_count)
         vocab = key("vocab_size")

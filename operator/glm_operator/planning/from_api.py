@@ -7,7 +7,7 @@ and `ModelFactsUnknown` says which fields are missing.
 
 Layer convention: a measured GGUF `block_count` is the header's own number, which for
 glm4moe-style architectures includes the nextn (MTP) layers; the planner counts trunk layers
-only, so those are subtracted here (as `ModelFacts.from_gguf_metadata` does). Declared
+only, so those are subtracted here (as `ArchitectureFacts.from_gguf_metadata` does). Declared
 facts already mean trunk layers (Hugging Face `num_hidden_layers`).
 """
 
@@ -19,7 +19,8 @@ from glm_operator.api.glmservice import Engine as ApiEngine
 from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelFacts as ApiModelFacts
 from glm_operator.api.modelversion import ModelFormat, ModelVersion
-from glm_operator.planning.facts import ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT, ModelFacts
+from glm_operator.layers import trunk_layers
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import PlanRequest
 
 FactsSource = Literal["measured", "declared"]
@@ -57,7 +58,7 @@ def _as_dict(facts: ApiModelFacts | None) -> dict[str, Any]:
     return {k: v for k in _COPIED if (v := getattr(facts, k)) is not None}
 
 
-def model_facts_for(model_version: ModelVersion) -> ModelFacts:
+def model_facts_for(model_version: ModelVersion) -> ArchitectureFacts:
     """Planner facts: measured (status) over declared (spec), field by field."""
     name = model_version.metadata.name or "<unnamed>"
     declared = model_version.spec.facts
@@ -67,8 +68,9 @@ def model_facts_for(model_version: ModelVersion) -> ModelFacts:
         data.setdefault("architecture", model_version.spec.architecture)
     measured_data = _as_dict(measured)
     arch = str(measured_data.get("architecture") or data.get("architecture") or "")
-    if "block_count" in measured_data and arch in ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT:
-        measured_data["block_count"] -= int(measured_data.get("nextn_predict_layers") or 0)
+    if "block_count" in measured_data:
+        measured_data["block_count"] = trunk_layers(
+            arch, measured_data["block_count"], int(measured_data.get("nextn_predict_layers") or 0))
     data.update(measured_data)
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
@@ -84,7 +86,7 @@ def model_facts_for(model_version: ModelVersion) -> ModelFacts:
         data["weights_bytes"] = size
         data["quantization"] = quantization
     try:
-        return ModelFacts.from_mapping(data)
+        return ArchitectureFacts.from_mapping(data)
     except ValueError as exc:
         raise ModelFactsUnknown(
             f"ModelVersion {name}: model facts are inconsistent: {exc}"

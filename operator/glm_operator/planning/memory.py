@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 
 MiB = 1024**2
 GiB = 1024**3
@@ -117,7 +117,7 @@ def kv_row_bytes(values: int, cache_type: str) -> int:
     return int(per_value * values)
 
 
-def kv_layers(facts: ModelFacts) -> int:
+def kv_layers(facts: ArchitectureFacts) -> int:
     """Layers that hold KV cache: the trunk plus the nextn (MTP) layers.
 
     Counting the nextn layers is the conservative reading: vLLM with MTP speculative
@@ -129,7 +129,7 @@ def kv_layers(facts: ModelFacts) -> int:
 
 
 def kv_bytes_per_token(
-    facts: ModelFacts, type_k: str, type_v: str, *, kv_heads_share: Fraction = Fraction(1)
+    facts: ArchitectureFacts, type_k: str, type_v: str, *, kv_heads_share: Fraction = Fraction(1)
 ) -> int:
     """sum over layers of n_embd_k_gqa * bytes(type_k) + n_embd_v_gqa * bytes(type_v).
 
@@ -144,7 +144,7 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def estimated_parameters(facts: ModelFacts) -> int | None:
+def estimated_parameters(facts: ArchitectureFacts) -> int | None:
     """Total parameters: declared, else back-computed from a measured size."""
     if facts.parameter_count:
         return facts.parameter_count
@@ -161,7 +161,7 @@ class WeightsEstimate:
     basis: str
 
 
-def weights_bytes(facts: ModelFacts, quant: str) -> WeightsEstimate:
+def weights_bytes(facts: ArchitectureFacts, quant: str) -> WeightsEstimate:
     """Bytes of the weights in `quant`: measured when the facts measured that quantization."""
     q = quantization(quant)
     if facts.weights_bytes and facts.quantization and facts.quantization.lower() == quant.lower():
@@ -178,7 +178,7 @@ def weights_bytes(facts: ModelFacts, quant: str) -> WeightsEstimate:
     )
 
 
-def vocab_size(facts: ModelFacts) -> int:
+def vocab_size(facts: ArchitectureFacts) -> int:
     # GLM-4 family vocabulary (151552) as the fallback: over-estimating logits is safe.
     return facts.vocab_size or 151552
 
@@ -188,7 +188,7 @@ def vocab_size(facts: ModelFacts) -> int:
 FFN_WIDTH_PER_EMBD_FALLBACK = 4
 
 
-def ffn_width(facts: ModelFacts) -> int:
+def ffn_width(facts: ArchitectureFacts) -> int:
     """FFN intermediate values per token in the widest layer.
 
     Dense: n_ff. MoE: the routed experts' intermediates are one batched tensor of
@@ -206,7 +206,7 @@ def ffn_width(facts: ModelFacts) -> int:
 
 
 def llamacpp_compute_bytes(
-    facts: ModelFacts, *, n_tokens: int, n_kv: int, n_outputs: int, flash_attention: bool
+    facts: ArchitectureFacts, *, n_tokens: int, n_kv: int, n_outputs: int, flash_attention: bool
 ) -> int:
     """llama.cpp's compute buffer: the graph allocator's peak over the reserved graphs.
 
@@ -238,7 +238,7 @@ def llamacpp_compute_bytes(
 
 
 def vllm_activation_bytes(
-    facts: ModelFacts, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int
+    facts: ArchitectureFacts, *, max_num_batched_tokens: int, max_num_seqs: int, tp: int
 ) -> int:
     """vLLM's profiled peak outside weights and KV, per GPU.
 

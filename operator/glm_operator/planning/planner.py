@@ -18,7 +18,7 @@ from glm_operator.planning.accelerators import (
     Engine,
     get_profile,
 )
-from glm_operator.planning.facts import ModelFacts
+from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.memory import GiB, MiB
 
 # Memory that must stay free on every device for a llama.cpp plan (fragmentation, driver
@@ -40,7 +40,7 @@ HOST_PROCESS_BYTES = 512 * MiB  # engine process, tokenizer, HTTP threads
 
 @dataclass(frozen=True)
 class PlanRequest:
-    facts: ModelFacts
+    facts: ArchitectureFacts
     quantization: str
     engine: Engine
     accelerator: str

@@ -56,7 +56,6 @@ from glm_operator.render.status import plan_summary
 __all__ = [
     "Capabilities",
     "ServiceInputs",
-    "endpoint_url",
     "plan_summary",
     "render_service",
     "service_name_for",
@@ -108,12 +107,6 @@ def gateway_service_account_name(service: str) -> str:
 
 def service_url(name: str, namespace: str, config: OperatorConfig) -> str:
     return f"http://{name}.{namespace}.svc.{config.cluster_domain}:{config.gateway_port}"
-
-
-def endpoint_url(service: GLMService, config: OperatorConfig) -> str:
-    """The in-cluster OpenAI base URL (status.endpoint)."""
-    name = service.metadata.name or ""
-    return service_url(main_service_name(name), service.metadata.namespace or "", config) + "/v1"
 
 
 def build_service(
