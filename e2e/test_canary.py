@@ -381,8 +381,10 @@ def test_a_target_whose_fetch_fails_ends_at_the_deadline_with_stable_serving(
     svc = serve(kubectl, ns, "v1", replicas=2, rollout={"progressDeadline": "15s"})
     kubectl.apply(model_version("v2"), namespace=ns)  # never fetched
     roll_to(kubectl, ns, svc, "v2")
+    # Progressing=False Stable is where it starts from: wait for the rollout's own verdict.
     cond = wait_for(lambda: (c := condition(glms(kubectl, ns), "Progressing"))
-                    and c["status"] == "False" and c, timeout=60, what="Progressing=False")
+                    and c["status"] == "False" and c["reason"] != "Stable" and c,
+                    timeout=60, what="Progressing=False")
     assert cond["reason"] == "ProgressDeadlineExceeded"
     assert "v2" in cond["message"]
     status = glms(kubectl, ns)["status"]

@@ -149,7 +149,10 @@ def runtime() -> Runtime:
 
 
 def _plain(body: Mapping[str, Any]) -> Obj:
-    return {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body}
+    """The object as a plain dict, every top-level field kept: not all kinds keep their
+    content under spec (a Role's rules, a RoleBinding's roleRef, a ServiceAccount's
+    automountServiceAccountToken), and a field missing here would look like drift."""
+    return {key: body[key] for key in body}
 
 
 @kopf.index(GROUP, VERSION, "glmservices")
