@@ -1,5 +1,5 @@
-"""Imports flow one way (docs/operator.md): controllers -> render -> planning -> api, and only
-controllers (and the CLIs that start them) reach `kube`. A test, so a shortcut shows up in review."""
+"""Imports flow one way (docs/operator.md): controllers -> render -> planning -> api, and
+only controllers (and the CLIs that start them) reach `kube`. A shortcut fails here."""
 
 from __future__ import annotations
 
