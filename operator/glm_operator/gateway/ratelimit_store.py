@@ -54,7 +54,9 @@ end
 -- Keep the value until the bucket would be full again; after that, absent == full.
 local function store(key, value, capacity, rate, now)
   redis.call('HSET', key, 'v', string.format('%.17g', value), 't', string.format('%.17g', now))
-  redis.call('PEXPIRE', key, math.ceil((capacity - value) / rate * 1000) + 1000)
+  -- %d: Lua would print a large number as 1e+14, which PEXPIRE refuses.
+  local full_in_ms = math.ceil((capacity - value) / rate * 1000) + 1000
+  redis.call('PEXPIRE', key, string.format('%d', full_in_ms))
 end
 """
 
