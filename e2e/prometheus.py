@@ -6,13 +6,16 @@
     server.query('sum(rate(glm_gateway_requests_total[10s]))')  # [({}, 3.2)]
     server.stop()
 
-It scrapes every second and evaluates every second. Its one job, `gateway`, reads its targets
+It scrapes every second and evaluates every second. Its job `gateway` reads its targets
 from `<tmpdir>/targets/*.json` (file_sd_configs), so targets come and go at run time by
 writing and removing files: Prometheus sees the change through inotify. The job keeps the
 scraped labels over the target's (`honor_labels: true`), as the operator's ServiceMonitor
 does with `honorLabels: true`: the gateway's own `service` (the GLMService), `model_version`
 and `pool` stay, and the target adds `namespace` and `pod` as the Prometheus Operator's
-relabelling does.
+relabelling does. A second job, `exporters` (`add_target(..., honor_labels=False)`), is a
+ServiceMonitor without honorLabels: a scraped `pod` or `namespace` that clashes with the
+target's is renamed `exported_pod` / `exported_namespace`, as for a DCGM exporter scraped
+that way.
 
 Fixture
 -------
@@ -49,6 +52,7 @@ from e2e.operator_fixtures import free_port
 
 PROMETHEUS_BINARY = Path(os.environ.get("GLM_E2E_PROMETHEUS", "/usr/bin/prometheus"))
 SCRAPE_JOB = "gateway"
+UNHONORED_JOB = "exporters"  # honor_labels: false
 SCRAPE_INTERVAL = "1s"
 START_TIMEOUT = 60.0  # a busy two-core machine takes a few seconds to open the TSDB
 STOP_TIMEOUT = 15.0
@@ -79,6 +83,8 @@ class PrometheusServer:
         self.workdir = Path(tempfile.mkdtemp(prefix="glm-e2e-prometheus-"))
         self.targets_dir = self.workdir / "targets"
         self.targets_dir.mkdir()
+        self.unhonored_targets_dir = self.workdir / "targets-unhonored"
+        self.unhonored_targets_dir.mkdir()
         self.config_path = self.workdir / "prometheus.yml"
         self.log_path = self.workdir / "prometheus.log"
         self.config_path.write_text(yaml.safe_dump(self.config()))
@@ -92,6 +98,11 @@ class PrometheusServer:
                 "honor_labels": True,
                 # inotify sees each change at once; the re-read is only a fallback.
                 "file_sd_configs": [{"files": [str(self.targets_dir / "*.json")],
+                                     "refresh_interval": "5s"}],
+            }, {
+                "job_name": UNHONORED_JOB,
+                "honor_labels": False,
+                "file_sd_configs": [{"files": [str(self.unhonored_targets_dir / "*.json")],
                                      "refresh_interval": "5s"}],
             }],
         }
@@ -175,21 +186,26 @@ class PrometheusServer:
 
     # --- targets ---------------------------------------------------------------------------
 
-    def _target_file(self, name: str) -> Path:
+    def _target_file(self, name: str, honor_labels: bool = True) -> Path:
         if not name or "/" in name or name.startswith("."):
             raise ValueError(f"target name {name!r} must be a plain file name")
-        return self.targets_dir / f"{name}.json"
+        directory = self.targets_dir if honor_labels else self.unhonored_targets_dir
+        return directory / f"{name}.json"
 
-    def add_target(self, name: str, address: str, labels: Mapping[str, str]) -> None:
+    def add_target(self, name: str, address: str, labels: Mapping[str, str],
+                   honor_labels: bool = True) -> None:
         """Scrape `address` (host:port, path /metrics) with `labels` on its series, from the
-        next scrape on. Adding a name again replaces its target."""
-        path = self._target_file(name)
+        next scrape on. Adding a name again replaces its target. Without `honor_labels`, a
+        scraped label that `labels` also sets is kept as `exported_<name>`."""
+        self.remove_target(name)  # one name, one job
+        path = self._target_file(name, honor_labels)
         staging = path.with_name(f".{path.name}.tmp")  # outside the *.json glob
         staging.write_text(json.dumps([{"targets": [address], "labels": dict(labels)}]))
         os.replace(staging, path)  # Prometheus never reads a half-written file
 
     def remove_target(self, name: str) -> None:
-        self._target_file(name).unlink(missing_ok=True)
+        for honor_labels in (True, False):
+            self._target_file(name, honor_labels).unlink(missing_ok=True)
 
     def active_targets(self) -> list[dict[str, Any]]:
         """/api/v1/targets' active targets (labels, health, lastError, scrapeUrl)."""
@@ -224,6 +240,13 @@ class PrometheusServer:
         if kind == "scalar":
             return [({}, float(result[1]))]
         raise PrometheusError(f"{promql!r} gave a {kind}, not an instant vector or scalar")
+
+    def series(self, match: str) -> list[dict[str, str]]:
+        """The label sets of the series `match` selects (/api/v1/series, the last 5 minutes):
+        what prometheus-adapter's discovery sees."""
+        start = f"{time.time() - 300:.3f}"
+        return [dict(item) for item in self._api("/api/v1/series",
+                                                 {"match[]": match, "start": start})]
 
     def value(self, promql: str) -> float | None:
         """The single value of a query that yields one series (None when it yields none)."""
