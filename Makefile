@@ -76,6 +76,7 @@ crds: venv ## Regenerate crds/, the chart's CRDs and docs/api.md from the API ty
 
 .PHONY: bench
 bench: toolchain ## Run the benchmarks under bench/ (figures go to docs/performance.md)
+	$(PY) -m pip install --quiet -e '.[bench]'  # vllm-router, the gateway bench's reference
 	$(PY) -m pytest bench -m bench -s $(PYTEST_ARGS)
 
 .PHONY: clean

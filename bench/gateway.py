@@ -1,19 +1,23 @@
 """Gateway overhead: the same load direct to llama-server and through the gateway, side by side.
 
     python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
-                            [--event-loops auto|uvloop,asyncio] [--json out.json]
+                            [--event-loops auto|uvloop,asyncio] [--baseline GIT_REF]
+                            [--router auto|off] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
-One llama-server (the pinned build, a tiny random-weight model, one slot per client) and one
-gateway process in front of it. For each mode (non-streaming, streaming) and concurrency
-level the load runs alternately direct and through the gateway (`rounds` times each, so a
-drift in machine load hits both sides alike). Every request asks for exactly `tokens`
-generated tokens (`ignore_eos`).
+One llama-server (the pinned build, a tiny random-weight model, one slot per client) and, in
+front of it, one gateway process per event loop, optionally one running the gateway code of
+another git revision (`--baseline`, for before/after in one run) and vllm-router (the Rust
+router, `pip install -e '.[bench]'`; no keys, limits or audit) as the reference column. For
+each mode (non-streaming, streaming) and concurrency level the load runs alternately direct
+and through each path (`rounds` times each, so a drift in machine load hits all alike).
+Every request asks for exactly `tokens` generated tokens (`ignore_eos`).
 
-Reported per row: throughput (generated tokens/s) direct and through the gateway and their
-ratio, p50 latency (non-streaming) or p50 time to first chunk (streaming) on both paths and
-the difference, and the gateway's peak RSS. Targets: ratio >= 0.97 non-streaming and >= 0.9
-streaming, added p50 / TTFT <= 1 ms, RSS < 60 MiB.
+Reported per row and path: throughput (generated tokens/s) direct and through the path and
+their ratio, p50 latency (non-streaming) or p50 time to first chunk (streaming) on both and
+the difference, the path's CPU per request and per generated token, and the gateway's peak
+RSS. Targets: ratio >= 0.97, added p50 <= 0.5 ms non-streaming and TTFT <= 1 ms streaming,
+RSS < 60 MiB.
 """
 
 from __future__ import annotations
@@ -22,10 +26,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import urllib.error
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,11 +43,12 @@ import aiohttp
 import pytest
 
 from e2e.gateway_process import GatewayProcess
-from e2e.llama import LlamaServer, llama_server_binary
+from e2e.llama import LlamaServer, free_port, http_json, llama_server_binary
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 
-TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.9}
-TARGET_ADDED_MS = 1.0
+TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.97}
+TARGET_ADDED_MS = {"non-streaming": 0.5, "streaming": 1.0}
+ROUTER = "vllm-router"
 TARGET_RSS_MIB = 60.0
 PROMPT = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
 
@@ -52,14 +63,15 @@ class Sample:
 class Row:
     mode: str
     concurrency: int
-    event_loop: str
+    path: str  # a gateway event loop, "baseline <ref>", or vllm-router
     direct_tps: float
     gateway_tps: float
     ratio: float
     direct_p50_ms: float
     gateway_p50_ms: float
     added_ms: float
-    gateway_cpu_ms_per_request: float  # the gateway process's user + system CPU
+    gateway_cpu_ms_per_request: float  # the path's process: user + system CPU
+    gateway_cpu_us_per_token: float
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, stream: bool
@@ -113,9 +125,11 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
 
 def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, rounds: int = 2,
                   engine_threads: int = 1, work_dir: Path | None = None,
-                  event_loops: tuple[str, ...] = ("auto",)) -> dict[str, object]:
-    """One gateway per event loop in `event_loops`, all in front of the same engine and
-    measured in the same rounds, so loops compare side by side too."""
+                  event_loops: tuple[str, ...] = ("auto",), baseline: str | None = None,
+                  router: bool = True) -> dict[str, object]:
+    """One gateway per event loop in `event_loops` (and one running `baseline`'s code, and
+    vllm-router when installed and `router`), all in front of the same engine and measured in
+    the same rounds, so they compare side by side too."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="glm-bench-gateway-"))
     binary = llama_server_binary()
     max_level = max(levels)
@@ -129,43 +143,108 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
         engine = stack.enter_context(LlamaServer.start(
             [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np",
              str(max_level), "-t", str(engine_threads), "--metrics"], work))
+        gateway_args = ["--api-keys", str(keys), "--engine-slots", str(max_level)]
         gateways = {loop: stack.enter_context(GatewayProcess.start(
-            engine.url, work / loop, ["--api-keys", str(keys), "--engine-slots", str(max_level),
-                                      "--event-loop", loop], service_name="bench"))
-            for loop in event_loops}
+            engine.url, work / loop, [*gateway_args, "--event-loop", loop],
+            service_name="bench")) for loop in event_loops}
+        if baseline:
+            source = _export_operator(baseline, work / "baseline")
+            gateways[f"baseline {baseline}"] = stack.enter_context(GatewayProcess.start(
+                engine.url, work / "baseline", gateway_args, service_name="bench",
+                env={"PYTHONPATH": str(source)}))
+        paths: dict[str, tuple[str, Callable[[], float]]] = {
+            name: (gateway.url, gateway.cpu_seconds) for name, gateway in gateways.items()}
+        router_binary = shutil.which(ROUTER, path=f"{Path(sys.executable).parent}:"
+                                     f"{os.environ.get('PATH', '')}") if router else None
+        if router_binary:
+            paths[ROUTER] = stack.enter_context(_vllm_router(router_binary, engine.url, work))
+        elif router:
+            print(f"{ROUTER} not installed (pip install -e '.[bench]'): no reference column",
+                  flush=True)
         for mode, stream in (("non-streaming", False), ("streaming", True)):
             for level in levels:
                 requests = max(16, level * 4)
                 direct: list[Sample] = []
-                proxied: dict[str, list[Sample]] = {loop: [] for loop in event_loops}
-                cpu = dict.fromkeys(event_loops, 0.0)
+                proxied: dict[str, list[Sample]] = {name: [] for name in paths}
+                cpu = dict.fromkeys(paths, 0.0)
                 for _ in range(rounds):
                     direct.append(asyncio.run(
                         _load(engine.url, level, stream, tokens, requests, "none")))
-                    for loop, gateway in gateways.items():
-                        before = gateway.cpu_seconds()
-                        proxied[loop].append(asyncio.run(
-                            _load(gateway.url, level, stream, tokens, requests, "sk-bench")))
-                        cpu[loop] += gateway.cpu_seconds() - before
+                    for name, (url, cpu_seconds) in paths.items():
+                        before = cpu_seconds()
+                        proxied[name].append(asyncio.run(
+                            _load(url, level, stream, tokens, requests, "sk-bench")))
+                        cpu[name] += cpu_seconds() - before
                 d_tps = statistics.mean(s.tokens_per_second for s in direct)
                 d_p50 = statistics.median(s.p50_ms for s in direct)
-                for loop, samples in proxied.items():
+                for name, samples in proxied.items():
                     g_tps = statistics.mean(s.tokens_per_second for s in samples)
                     g_p50 = statistics.median(s.p50_ms for s in samples)
                     # +1: each load's warm-up request
-                    cpu_ms = cpu[loop] * 1000 / (rounds * (requests + 1))
-                    row = Row(mode, level, loop, round(d_tps, 1), round(g_tps, 1),
+                    cpu_ms = cpu[name] * 1000 / (rounds * (requests + 1))
+                    row = Row(mode, level, name, round(d_tps, 1), round(g_tps, 1),
                               round(g_tps / d_tps, 3), round(d_p50, 2), round(g_p50, 2),
-                              round(g_p50 - d_p50, 2), round(cpu_ms, 2))
+                              round(g_p50 - d_p50, 2), round(cpu_ms, 2),
+                              round(cpu_ms * 1000 / tokens, 1))
                     rows.append(row)
-                    print(f"{mode:14} c={level:<3} {loop:8} direct {d_tps:8.1f} tok/s  gateway "
+                    print(f"{mode:14} c={level:<3} {name:12} direct {d_tps:8.1f} tok/s  via "
                           f"{g_tps:8.1f} tok/s  ratio {row.ratio:.3f}  p50 {d_p50:7.2f} -> "
-                          f"{g_p50:7.2f} ms ({row.added_ms:+.2f})  gateway CPU "
-                          f"{cpu_ms:.2f} ms/request", flush=True)
+                          f"{g_p50:7.2f} ms ({row.added_ms:+.2f})  CPU {cpu_ms:.2f} ms/request "
+                          f"{row.gateway_cpu_us_per_token:.1f} us/token", flush=True)
         rss_mib = max(_peak_rss_mib(gateway) for gateway in gateways.values())
     print(f"gateway peak RSS {rss_mib:.1f} MiB", flush=True)
     return {"tokens": tokens, "rounds": rounds, "engine_threads": engine_threads,
+            "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
+
+
+def _export_operator(ref: str, into: Path) -> Path:
+    """The gateway's package as of git `ref`, for a baseline gateway process's PYTHONPATH."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = into / "operator.tar"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(["git", "-C", str(root), "archive", "-o", str(archive), ref, "operator"],
+                   check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into / "operator"
+
+
+@contextlib.contextmanager
+def _vllm_router(binary: str, engine_url: str, work: Path
+                 ) -> Iterator[tuple[str, Callable[[], float]]]:
+    port = free_port()
+    log = (work / "vllm-router.log").open("wb")
+    process = subprocess.Popen(
+        [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,
+         "--policy", "round_robin", "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{ROUTER} exited {process.returncode}: see {log.name}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if http_json(url + "/health", timeout=2)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{ROUTER} not healthy after 60 s: see {log.name}")
+            time.sleep(0.1)
+        yield url, lambda: _cpu_seconds(process.pid)
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _peak_rss_mib(gateway: GatewayProcess) -> float:
@@ -179,11 +258,14 @@ def misses(result: dict[str, object]) -> list[str]:
     """The targets a result misses, in words."""
     out = []
     for row in result["rows"]:  # type: ignore[attr-defined]
-        where = f"{row['mode']} c={row['concurrency']} ({row['event_loop']})"
+        if row["path"] == ROUTER or row["path"].startswith("baseline"):
+            continue  # reference columns, not the gateway under test
+        where = f"{row['mode']} c={row['concurrency']} ({row['path']})"
         if row["ratio"] < TARGET_RATIO[row["mode"]]:
             out.append(f"{where}: ratio {row['ratio']} < {TARGET_RATIO[row['mode']]}")
-        if row["concurrency"] == 1 and row["added_ms"] > TARGET_ADDED_MS:
-            out.append(f"{where}: added {row['added_ms']} ms > {TARGET_ADDED_MS} ms")
+        added = TARGET_ADDED_MS[row["mode"]]
+        if row["concurrency"] == 1 and row["added_ms"] > added:
+            out.append(f"{where}: added {row['added_ms']} ms > {added} ms")
     rss = result["gateway_peak_rss_mib"]
     if rss >= TARGET_RSS_MIB:  # type: ignore[operator]
         out.append(f"gateway RSS {rss} MiB >= {TARGET_RSS_MIB} MiB")
@@ -209,11 +291,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-loops", default="auto",
                         help="comma-separated gateway event loops to compare (auto, uvloop, "
                              "asyncio), one gateway each, measured in the same rounds")
+    parser.add_argument("--baseline", metavar="GIT_REF",
+                        help="also run a gateway with the code of this git revision")
+    parser.add_argument("--router", choices=("auto", "off"), default="auto",
+                        help=f"auto: add {ROUTER} as a reference column when installed")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
                            args.rounds, args.engine_threads,
-                           event_loops=tuple(args.event_loops.split(",")))
+                           event_loops=tuple(args.event_loops.split(",")),
+                           baseline=args.baseline, router=args.router == "auto")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)

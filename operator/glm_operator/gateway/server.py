@@ -3,9 +3,9 @@
 The hot path is deliberately thin because the gateway shares CPU cores with the engine:
 the request body is parsed once for validation and sent on as the client's own bytes (it is
 re-encoded only when the model's stop sequences must be added), a streamed answer is copied
-chunk by chunk from the engine's socket to the client's without being parsed, and token
-counts come from a scan of the last chunk (see usage.py). One ClientSession with a pooled,
-keep-alive connector serves every request.
+from the engine's socket to the client's at the transport level, chunk framing and all,
+without being parsed (relay.py), and token counts come from a scan of the last chunks (see
+usage.py). Non-streamed requests share one ClientSession with a pooled, keep-alive connector.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from glm_operator.gateway import errors
@@ -31,6 +32,15 @@ from glm_operator.gateway.keys import ApiKeyStore
 from glm_operator.gateway.kv_cache import KvCacheProbe
 from glm_operator.gateway.limits import KeyLimits
 from glm_operator.gateway.metrics import GatewayMetrics
+from glm_operator.gateway.relay import (
+    ClientGone,
+    EngineAddress,
+    EngineExchange,
+    EngineProtocolError,
+    EngineTimeout,
+    StreamCapture,
+    open_exchange,
+)
 from glm_operator.gateway.usage import context_overflow, token_counts
 from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
 from glm_operator.gateway.wake import LongContextWaker, WakeError
@@ -41,6 +51,7 @@ JSON = "application/json"
 CLIENT_CLOSED = 499  # nginx's code for "the client went away": audit and metrics use it
 STREAM_TAIL_CHUNKS = 4  # the last SSE events (usage / timings) always fit in these
 STREAM_END = b"data: [DONE]"  # the OpenAI stream's last event (llama-server and vLLM)
+SSE = "text/event-stream"
 ANONYMOUS = "anonymous"
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
@@ -70,6 +81,8 @@ class Gateway:
         self._limits_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
+        # Streamed requests to this pod's engine go through the transport-level relay.
+        self._engine_address = EngineAddress.parse(config.engine_url)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -335,6 +348,10 @@ class Gateway:
     async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
                        record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
         """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
+        if (parsed.stream and self._engine_address is not None
+                and request.version >= aiohttp.HttpVersion11):
+            return await self._forward_stream(request, parsed, path, record, started, rid,
+                                              self._engine_address)
         self._at_engine += 1
         self._set_queued()
         try:
@@ -417,10 +434,24 @@ class Gateway:
 
     def _passthrough(self, upstream: aiohttp.ClientResponse, body: bytes, record: AuditRecord,
                      rid: str) -> web.Response:
-        headers = {"Content-Type": upstream.headers.get("Content-Type", JSON), "X-Request-Id": rid}
-        if upstream.status >= 400:
-            record.error_code = f"engine_{upstream.status}"
-        return web.Response(status=upstream.status, body=body, headers=headers)
+        return self._answer(upstream.status, upstream.headers.get("Content-Type", JSON), body,
+                            record, rid)
+
+    def _answer(self, status: int, content_type: str, body: bytes, record: AuditRecord,
+                rid: str) -> web.Response:
+        if status >= 400:
+            record.error_code = f"engine_{status}"
+        return web.Response(status=status, body=body,
+                            headers={"Content-Type": content_type, "X-Request-Id": rid})
+
+    def _whole_answer(self, status: int, content_type: str, body: bytes, record: AuditRecord,
+                      rid: str) -> web.Response:
+        """An answer read whole: its usage counted, then passed on."""
+        if status == 200:
+            record.prompt_tokens, record.completion_tokens = token_counts(body)
+            if self.audit.include_text:
+                record.completion = _completion_text(body)
+        return self._answer(status, content_type, body, record, rid)
 
     async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
                      parsed: ParsedRequest, record: AuditRecord, started: float, rid: str
@@ -434,12 +465,114 @@ class Gateway:
                 raise errors.engine_timeout(self.config.read_timeout_seconds) from None
             except aiohttp.ClientError as exc:
                 raise errors.engine_unavailable(f"the engine dropped the answer: {exc}") from None
-            if upstream.status == 200:
-                record.prompt_tokens, record.completion_tokens = token_counts(body)
-                if self.audit.include_text:
-                    record.completion = _completion_text(body)
-            return self._passthrough(upstream, body, record, rid)
+            return self._whole_answer(upstream.status, content_type, body, record, rid)
         return await self._stream(request, upstream, record, started, rid, content_type)
+
+    async def _forward_stream(self, request: web.Request, parsed: ParsedRequest, path: str,
+                              record: AuditRecord, started: float, rid: str,
+                              address: EngineAddress) -> web.StreamResponse:
+        """A streamed request to this pod's engine, relayed at the transport level; on a
+        context-size refusal, to the long-context pool like any other."""
+        self._at_engine += 1
+        self._set_queued()
+        try:
+            try:
+                exchange = await open_exchange(address, path, parsed.body,
+                                               self.config.connect_timeout_seconds,
+                                               self.config.read_timeout_seconds)
+            except (TimeoutError, EngineTimeout):
+                raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+            except (OSError, EngineProtocolError) as exc:
+                raise errors.engine_unavailable(
+                    f"{self.config.engine_url}{path}: {exc or type(exc).__name__}") from None
+            try:
+                head = await exchange.head
+                if head.status == 200 and head.content_type.startswith(SSE):
+                    return await self._relay_stream(request, exchange, record, started, rid,
+                                                    head.content_type)
+                try:
+                    body = await exchange.read_body()
+                except EngineTimeout:
+                    raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+                except (OSError, EngineProtocolError) as exc:
+                    raise errors.engine_unavailable(
+                        f"the engine dropped the answer: {exc}") from None
+            finally:
+                exchange.abort()
+            overflow = context_overflow(head.status, body)
+            if overflow is None:
+                return self._whole_answer(head.status, head.content_type, body, record, rid)
+        finally:
+            self._at_engine -= 1
+            self._set_queued()
+        record.overflow = True
+        return await self._overflow(request, parsed, path, record, started, rid, overflow)
+
+    async def _relay_stream(self, request: web.Request, exchange: EngineExchange,
+                            record: AuditRecord, started: float, rid: str, content_type: str
+                            ) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid,
+        })
+        writer = await response.prepare(request)
+        transport = request.transport
+        if not isinstance(writer, StreamWriter) or not writer.chunked or transport is None:
+            # HTTP/1.0 clients never get here (_forward); aiohttp chunks any other stream.
+            raise RuntimeError("aiohttp did not prepare a chunked stream")
+        # The head says "Transfer-Encoding: chunked"; the body's framing is the engine's own,
+        # written by the relay, so aiohttp must not frame it again (nor end it: its write_eof
+        # then writes nothing).
+        writer.send_headers()
+        writer.chunked = False
+        capture = StreamCapture(
+            # the estimate if the client leaves
+            count_events=self.limits is not None and self.limits.limits.tokens_per_minute > 0,
+            keep_all=self.audit.include_text)
+        try:
+            exchange.relay(transport, capture, writer.drain)
+            await exchange.done
+        except ClientGone:
+            self._stream_ended(record, capture, started, complete=False)
+            if not capture.delivered:
+                record.error_code = "client_closed"
+                record.status = CLIENT_CLOSED
+            return response
+        except (OSError, EngineTimeout, EngineProtocolError) as exc:
+            # Headers are gone already: end the stream if its framing allows, else drop the
+            # client's connection, and say so in the log.
+            log.warning("request %s: engine stream broke: %s", rid, exc)
+            record.error_code = "engine_stream_broken"
+            self._stream_ended(record, capture, started, complete=False)
+            if not exchange.end_stream_cleanly():
+                transport.close()
+            return response
+        except asyncio.CancelledError:
+            # The client went away (aiohttp cancels the handler): dropping our engine
+            # connection makes the engine stop generating and free the slot.
+            self._stream_ended(record, capture, started, complete=False)
+            if not capture.delivered:
+                record.error_code = "client_closed"
+            raise
+        finally:
+            exchange.abort()
+        self._stream_ended(record, capture, started, complete=True)
+        if capture.keep_all:
+            record.completion = _stream_text(b"".join(capture.everything))
+        return response
+
+    @staticmethod
+    def _stream_ended(record: AuditRecord, capture: StreamCapture, started: float,
+                      complete: bool) -> None:
+        if capture.first_at is not None:
+            record.ttft_ms = (capture.first_at - started) * 1000
+        record.streamed_events = capture.events
+        if capture.delivered:
+            # The client has the whole answer: if it hangs up before the chunked body's last
+            # bytes, that is not a request it gave up on.
+            record.status = 200
+        if capture.delivered or complete:
+            record.prompt_tokens, record.completion_tokens = token_counts(
+                b"".join(capture.tail))
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
                       record: AuditRecord, started: float, rid: str, content_type: str

@@ -1,0 +1,147 @@
+"""The transport-level stream relay: chunk framing followed across any packet split, and
+answers framed in each way HTTP/1.1 allows relayed whole, with their usage counted.
+
+The streamed path against aiohttp's own server and against llama-server is covered by
+test_server.py and e2e/test_gateway.py; the engines here send the framings those do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import pytest
+from glm_operator.gateway.relay import ChunkedBody, EngineAddress, EngineProtocolError
+
+from .test_server import CHAT, base_config, gateway_client
+
+EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+          b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n',
+          b"data: [DONE]\n\n"]
+
+
+def chunked(pieces: list[bytes]) -> bytes:
+    return b"".join(b"%x;ext=1\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+def test_chunked_body_across_every_split() -> None:
+    framed = chunked(EVENTS)
+    for split in range(1, len(framed)):
+        body, out = ChunkedBody(), []
+        assert body.feed(framed[:split], out) == split
+        assert not body.complete
+        used = body.feed(framed[split:] + b"NEXT", out)
+        assert used == len(framed) - split, split  # bytes after the body are not its own
+        assert body.complete and body.at_boundary is False
+        assert b"".join(out) == b"".join(EVENTS)
+
+
+def test_chunked_body_boundary_and_bad_framing() -> None:
+    body, out = ChunkedBody(), []
+    body.feed(b"5\r\nhello\r\n", out)
+    assert body.at_boundary and out == [b"hello"]
+    body.feed(b"3\r\nab", out)
+    assert not body.at_boundary  # mid-chunk: a zero chunk now would break the framing
+    with pytest.raises(EngineProtocolError, match="chunk-size"):
+        ChunkedBody().feed(b"zz\r\n", [])
+    with pytest.raises(EngineProtocolError, match="too long"):
+        ChunkedBody().feed(b"1" * 5000, [])
+
+
+def test_engine_address() -> None:
+    assert EngineAddress.parse("http://127.0.0.1:8080") == EngineAddress(
+        "127.0.0.1", 8080, "127.0.0.1:8080")
+    assert EngineAddress.parse("http://engine/") == EngineAddress("engine", 80, "engine")
+    assert EngineAddress.parse("https://engine:8443") is None  # aiohttp's client does TLS
+    assert EngineAddress.parse("http://engine:80/prefix") is None
+
+
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+
+def by_length(body: bytes) -> list[bytes]:
+    return [SSE_HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body[:30], body[30:]]
+
+
+def until_close(body: bytes) -> list[bytes]:
+    return [SSE_HEAD + b"Connection: close\r\n\r\n", body]
+
+
+def chunked_in_one_packet(body: bytes) -> list[bytes]:
+    # The head, every chunk and the last chunk in one write: nothing left to relay.
+    return [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(EVENTS)]
+
+
+@pytest.fixture
+async def raw_engine() -> AsyncIterator[tuple[list[list[bytes]], str]]:
+    """An engine that answers each connection with the next scripted packets, then closes."""
+    script: list[list[bytes]] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        await reader.readexactly(length)
+        for packet in script.pop(0):
+            writer.write(packet)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield script, f"http://127.0.0.1:{port}"
+    server.close()
+
+
+@pytest.mark.parametrize("framing", [by_length, until_close, chunked_in_one_packet])
+async def test_relays_each_framing(raw_engine: tuple[list[list[bytes]], str],
+                                   framing: Callable[[bytes], list[bytes]]) -> None:
+    script, url = raw_engine
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100))
+    try:
+        script.append(framing(b"".join(EVENTS)))
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status == 200
+        assert await response.read() == b"".join(EVENTS)
+        text = await (await client.get("/metrics")).text()
+        assert 'glm_gateway_completion_tokens_total{model_version="v1",pool="main",' \
+               'service="glm"} 2.0' in text
+    finally:
+        await client.close()
+
+
+async def test_non_sse_answer_to_a_stream_request_is_passed_whole(
+        raw_engine: tuple[list[list[bytes]], str]) -> None:
+    script, url = raw_engine
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100))
+    try:
+        error = json.dumps({"error": {"code": 500, "message": "boom"}}).encode()
+        script.append([b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json"
+                       b"\r\nTransfer-Encoding: chunked\r\n\r\n", chunked([error[:9], error[9:]])])
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status == 500
+        assert await response.read() == error
+    finally:
+        await client.close()
+
+
+async def test_engine_breaking_off_mid_chunk_drops_the_client(
+        raw_engine: tuple[list[list[bytes]], str]) -> None:
+    script, url = raw_engine
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100))
+    try:
+        framed = chunked(EVENTS)
+        script.append([SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n", framed[:20]])
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+    finally:
+        await client.close()
