@@ -26,8 +26,11 @@ venv: $(VENV)/.installed ## Create .venv with the package and its test and lint 
 
 # Debian packages the tests need: prometheus (the real server e2e/prometheus.py starts),
 # redis-server (the rate-limit store e2e/redis.py starts), iproute2 and openssl (the network
-# namespace and the serving certificate of the custom metrics API, e2e/custom_metrics.py).
-SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl
+# namespace and the serving certificate of the custom metrics API, e2e/custom_metrics.py);
+# mmdebstrap, buildah, podman, runc and catatonit (the image builds and pods of e2e/images.py:
+# a Debian rootfs, buildah builds on it, podman runs them with runc; catatonit is the init of
+# podman's local pause image).
+SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl mmdebstrap buildah podman runc catatonit
 
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)
@@ -36,6 +39,10 @@ deps: venv ## Install system packages the tests need (Debian; skipped when prese
 .PHONY: toolchain
 toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama-server and MinIO
 	$(PY) -m e2e.toolchain build
+
+.PHONY: images
+images: deps toolchain ## Build the llama.cpp CPU and glm-operator images (podman storage under ~/.cache/glm-operator)
+	$(PY) -m e2e.images build
 
 .PHONY: cluster-up
 cluster-up: toolchain ## Start the local control plane with fake GPU/NPU nodes (kubeconfig: .e2e/kubeconfig)

@@ -32,3 +32,13 @@ for pkg in "${packages[@]}"; do
     $sudo_cmd update-rc.d "$service" disable >/dev/null 2>&1 || true
   fi
 done
+
+# Debian's podman enables its API socket and restart units on install; the tests call podman
+# directly with a storage of their own (e2e/images.py): nothing of it needs to run as a service.
+for pkg in "${packages[@]}"; do
+  [ "$pkg" = podman ] || continue
+  if [ -d /run/systemd/system ]; then
+    $sudo_cmd systemctl disable --now podman.socket podman.service podman-restart.service \
+      >/dev/null 2>&1 || true
+  fi
+done

@@ -46,6 +46,16 @@ class Dockerfile:
         return found
 
 
+def inherited(dockerfile: Dockerfile, stage: Stage) -> list[Instruction]:
+    """The stage's instructions after those of the stages it is built FROM (USER, HEALTHCHECK,
+    ENTRYPOINT and CMD carry over from a parent stage)."""
+    by_name = {s.name: s for s in dockerfile.stages if s.name}
+    chain = [stage]
+    while chain[-1].image in by_name and by_name[chain[-1].image] not in chain:
+        chain.append(by_name[chain[-1].image])
+    return [ins for ancestor in reversed(chain) for ins in ancestor.instructions]
+
+
 def parse(text: str) -> Dockerfile:
     """Logical instructions (continuations joined, comments kept apart), grouped by stage."""
     logical: list[tuple[str, int]] = []
@@ -135,8 +145,8 @@ def violations(text: str) -> list[str]:
         problems.append("mentions a :latest image")
     if not stages:
         return [*problems, "no FROM"]
-    final = stages[-1]
-    users = [i for i in final.instructions if i.keyword == "USER"]
+    final = inherited(dockerfile, stages[-1])
+    users = [i for i in final if i.keyword == "USER"]
     if not users:
         problems.append("final stage has no USER (runs as root)")
     else:
@@ -145,7 +155,7 @@ def violations(text: str) -> list[str]:
             problems.append(f"USER {users[-1].value}: not a numeric uid[:gid]")
         elif int(match.group(1)) == 0:
             problems.append("USER 0: root")
-    healthchecks = [i for i in final.instructions if i.keyword == "HEALTHCHECK"]
+    healthchecks = [i for i in final if i.keyword == "HEALTHCHECK"]
     if not healthchecks:
         problems.append("final stage has no HEALTHCHECK")
     for check in healthchecks:
@@ -155,7 +165,7 @@ def violations(text: str) -> list[str]:
         for ins in stage.instructions:
             if ins.keyword in ("CMD", "ENTRYPOINT") and exec_form(ins.value) is None:
                 problems.append(f"line {ins.line}: {ins.keyword} {ins.value}: not exec form")
-    if not any(i.keyword == "ENTRYPOINT" for i in final.instructions):
+    if not any(i.keyword == "ENTRYPOINT" for i in final):
         problems.append("final stage has no ENTRYPOINT")
     return problems
 

@@ -1,4 +1,7 @@
-"""Properties of the runtime images (they cannot be built here): pins, stages, users, probes."""
+"""Properties of every runtime image's Dockerfile: pins, stages, users, probes.
+
+The llama.cpp CPU and glm-operator images are also built and run by e2e/test_images.py.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from dockerfile_rules import cmake_configure_flags, exec_form, parse, violations
+from dockerfile_rules import cmake_configure_flags, exec_form, inherited, parse, violations
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "runtime-images"
@@ -84,8 +87,44 @@ def test_python_image_runs_glm_operator_at_the_project_version() -> None:
     with (ROOT / "pyproject.toml").open("rb") as handle:
         version = tomllib.load(handle)["project"]["version"]
     assert dockerfile.args()["GLM_OPERATOR_VERSION"] == version
-    entrypoints = [i for i in dockerfile.stages[-1].instructions if i.keyword == "ENTRYPOINT"]
+    final = inherited(dockerfile, dockerfile.stages[-1])
+    entrypoints = [i for i in final if i.keyword == "ENTRYPOINT"]
     assert exec_form(entrypoints[-1].value) == ["glm-operator"]
+
+
+# The images the test suite builds: `runtime` (the default) builds from source, the tests'
+# `runtime-prebuilt` takes the same thing from the build context. Nothing else may differ.
+PREBUILT = {"llamacpp-cpu": ("prebuilt/llama-server", "build"),
+            "python": ("install-prebuilt", "install")}
+
+
+@pytest.mark.parametrize("image", sorted(PREBUILT))
+def test_prebuilt_target_differs_from_the_default_only_in_where_it_copies_from(
+    image: str
+) -> None:
+    dockerfile = parse(EXPECTED[image].read_text())
+    stages = {s.name: s for s in dockerfile.stages}
+    assert dockerfile.stages[-1].name == "runtime", "the default target must stay last"
+    prebuilt, runtime = stages["runtime-prebuilt"], stages["runtime"]
+    assert prebuilt.image == runtime.image == "runtime-base"
+    assert [i.keyword for i in prebuilt.instructions] == ["COPY"]
+    assert [i.keyword for i in runtime.instructions] == ["COPY"]
+    context_source, build_stage = PREBUILT[image]
+    prebuilt_copy = prebuilt.instructions[0].value.split()
+    runtime_copy = runtime.instructions[0].value.split()
+    assert runtime_copy[0] == f"--from={build_stage}"
+    assert prebuilt_copy[-1] == runtime_copy[-1], "both install to the same path"
+    assert prebuilt_copy[0].removeprefix("--from=") == context_source
+
+
+@pytest.mark.parametrize("image", sorted(PREBUILT))
+def test_built_images_take_their_base_as_an_argument(image: str) -> None:
+    """Default: the pinned upstream Debian; the tests pass their local mmdebstrap base."""
+    text = EXPECTED[image].read_text()
+    assert parse(text).global_args["BASE"] == "debian:12.11-slim"
+    bases = {line.split()[1] for line in text.splitlines() if line.startswith("FROM ")}
+    stage_names = {s.name for s in parse(text).stages if s.name}
+    assert bases - stage_names == {"${BASE}"}, "every upstream stage starts FROM ${BASE}"
 
 
 @pytest.mark.parametrize(

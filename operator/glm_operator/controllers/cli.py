@@ -20,7 +20,7 @@ from prometheus_client import start_http_server
 
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
-from glm_operator.kube.client import KubeClient
+from glm_operator.kube.client import KubeClient, kubeconfig_connection
 from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identity
 from glm_operator.wellknown import PREFIX
 
@@ -124,6 +124,13 @@ def _run_kopf(args: argparse.Namespace) -> None:
         settings.watching.client_timeout = 330
         # One active replica is the Lease's job (--leader-elect), not kopf peering's.
         settings.peering.standalone = True
+
+    if args.kubeconfig:
+        @kopf.on.login()
+        def _login(**_: Any) -> kopf.ConnectionInfo:
+            # kopf's own login finds only in-cluster credentials, KUBECONFIG (read when the
+            # kubernetes package is imported) or ~/.kube/config; never this flag.
+            return kubeconfig_connection(args.kubeconfig)
 
     stop_resync = threading.Event()
 

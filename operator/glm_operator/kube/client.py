@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
+import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -47,6 +48,26 @@ class KubeError(RuntimeError):
 def _describe(kind: ResourceKind, namespace: str | None, name: str | None) -> str:
     where = f"{namespace}/" if namespace else ""
     return f"{kind.kind} {where}{name or '*'}"
+
+
+def kubeconfig_connection(kubeconfig: str) -> kopf.ConnectionInfo:
+    """kopf's credentials from a kubeconfig file, as kopf's own client login extracts them."""
+    configuration = k8s.Configuration()
+    k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    header = (configuration.get_api_key_with_prefix("BearerToken")
+              or configuration.get_api_key_with_prefix("authorization"))
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
 
 
 class KubeClient:

@@ -29,7 +29,7 @@ VENDORS: tuple[Vendor, ...] = ("nvidia", "huawei", "cpu")
 # says otherwise; upstream vLLM images are used as published. Tags are pinned, never latest.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/glm-operator"
 VLLM_CUDA_IMAGE = "vllm/vllm-openai:v0.11.0"
-VLLM_ASCEND_IMAGE = "quay.io/ascend/vllm-ascend:v0.11.0rc0"
+VLLM_ASCEND_IMAGE = "quay.io/ascend/vllm-ascend:v0.11.0"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,416 @@
+"""Build the runtime images locally, from Debian's packages, with no registry and no Docker.
+
+    python -m e2e.images build      # (make images) base, llama.cpp CPU and glm-operator images
+    python -m e2e.images podman -- images    # podman on the same private storage
+
+- The base: `mmdebstrap` writes a minimal Debian rootfs (the release in DEBIAN_SUITE, from
+  deb.debian.org), `podman import` turns it into `localhost/glm-operator-base:<suite>-<hash>`.
+  Every Dockerfile takes it as `--build-arg BASE=...`; their default is the upstream
+  `debian:12.11-slim`, so users' builds are unchanged.
+- The images: `buildah bud --pull=never --isolation chroot`, target `runtime-prebuilt`: the
+  llama.cpp image copies the llama-server the toolchain compiled (e2e/llama_build.py, the same
+  sdist and flags as the image's own `build` stage), the glm-operator image installs wheels
+  `pip wheel` made here (the build containers cannot verify PyPI's certificate; this host can).
+  They are tagged exactly as the operator renders them by default
+  (`ghcr.io/glm-operator/llama-server-cpu:<version>`, `.../glm-operator:<version>`), so a
+  rendered pod spec runs as it is.
+- Storage: a podman/buildah storage of its own under
+  ~/.cache/glm-operator/images-<hash>/ (the hash of the base's inputs), never the machine's.
+  Each image is also tagged `inputs-<hash>`, the hash of its Dockerfile, its context files and
+  the base's image ID: an image whose inputs did not change is not rebuilt.
+- Runtime: `runc` (Debian's `crun` refuses hybrid cgroup hierarchies) through a
+  containers.conf written into the storage folder and named by CONTAINERS_CONF; the machine's
+  own configuration is not touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from glm_operator.config import OperatorConfig
+from glm_operator.planning.accelerators import runtime_images
+
+from e2e import toolchain
+
+REPO = Path(__file__).resolve().parent.parent
+IMAGES_DIR = REPO / "runtime-images"
+SYSTEM_TOOLS = ("mmdebstrap", "buildah", "podman", "runc")
+
+# The base: Debian's release of this machine (bookworm), the packages apt's minbase variant
+# installs, and dpkg excludes in the spirit of the debian:*-slim images (kept in the rootfs, so
+# they also apply to what the Dockerfiles install).
+DEBIAN_SUITE = "bookworm"
+DEBIAN_SOURCES = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+MMDEBSTRAP_OPTIONS = (
+    "--variant=minbase",
+    # Merged /usr set up by symlinks, with usr-is-merged: otherwise bookworm's
+    # init-system-helpers pulls in usrmerge, and usrmerge perl (40 MB).
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+    "--dpkgopt=path-exclude=/usr/share/man/*",
+    "--dpkgopt=path-exclude=/usr/share/info/*",
+    "--dpkgopt=path-exclude=/usr/share/locale/*",
+    "--dpkgopt=path-include=/usr/share/locale/locale.alias",
+    "--dpkgopt=path-exclude=/usr/share/doc/*",
+    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+    # The debian:* images' /etc/apt/apt.conf.d/docker-clean, which the Dockerfiles expect of
+    # their base: no package caches left in the layers (80 MB after one `apt-get update`).
+    # Written into the rootfs only (an --aptopt would also apply to mmdebstrap's own apt).
+    "--customize-hook=printf '%s\\n' "
+    "'DPkg::Post-Invoke { \"rm -f /var/cache/apt/archives/*.deb "
+    "/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true\"; };' "
+    "'APT::Update::Post-Invoke { \"rm -f /var/cache/apt/archives/*.deb "
+    "/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true\"; };' "
+    "'Dir::Cache::pkgcache \"\"; Dir::Cache::srcpkgcache \"\";' "
+    "> \"$1/etc/apt/apt.conf.d/docker-clean\"",
+    # The merged-usr hook's own apt run left its caches before the file above existed.
+    '--customize-hook=rm -f "$1"/var/cache/apt/*.bin',
+)
+# An imported rootfs has no image config: give it the PATH a Debian image has.
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+CONTAINERS_CONF = """\
+# Written by e2e/images.py for its own podman storage; the machine's config is untouched.
+[containers]
+# The default ulimits ask for more open files than this machine allows a container.
+default_ulimits = []
+# `podman logs` without journald.
+log_driver = "k8s-file"
+
+[engine]
+# crun refuses this kernel's hybrid cgroup v1/v2 hierarchy; runc with cgroupfs works.
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+# The Python the glm-operator image runs: Debian bookworm's python3. The host's wheels must fit.
+IMAGE_PYTHON = (3, 11)
+
+
+class ImageBuildError(RuntimeError):
+    """An image step failed; the message names the step and shows the log tail."""
+
+
+def log(message: str) -> None:
+    print(f"[images] {message}", file=sys.stderr, flush=True)
+
+
+def _digest(*parts: bytes | str) -> str:
+    sha = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        sha.update(len(data).to_bytes(8, "big"))
+        sha.update(data)
+    return sha.hexdigest()[:16]
+
+
+def base_inputs_hash() -> str:
+    return _digest(DEBIAN_SUITE, *DEBIAN_SOURCES, *MMDEBSTRAP_OPTIONS, BASE_PATH)
+
+
+def file_sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in SYSTEM_TOOLS if shutil.which(tool) is None]
+
+
+@dataclass(frozen=True)
+class Store:
+    """A podman/buildah storage of the tests' own, and the flags that select it."""
+
+    root: Path
+
+    @classmethod
+    def default(cls) -> Store:
+        return cls(toolchain.cache_root() / f"images-{base_inputs_hash()}")
+
+    @property
+    def run_dir(self) -> Path:
+        # Lock files and runtime state: on /tmp, so a reboot cannot leave stale ones behind.
+        return Path(tempfile.gettempdir()) / f"glm-operator-{self.root.name}"
+
+    @property
+    def containers_conf(self) -> Path:
+        return self.root / "containers.conf"
+
+    def prepare(self) -> None:
+        if os.geteuid() != 0:
+            raise ImageBuildError(
+                "the image builds and pods run rootful podman/buildah: run them as root")
+        missing = missing_tools()
+        if missing:
+            raise ImageBuildError(
+                f"missing {', '.join(missing)}: run `make deps` (Debian packages "
+                f"{' '.join(SYSTEM_TOOLS)})")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.containers_conf.exists() or \
+                self.containers_conf.read_text() != CONTAINERS_CONF:
+            self.containers_conf.write_text(CONTAINERS_CONF)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["CONTAINERS_CONF"] = str(self.containers_conf)
+        env.pop("CONTAINERS_STORAGE_CONF", None)
+        return env
+
+    def storage_flags(self) -> list[str]:
+        return ["--root", str(self.root / "storage"), "--runroot", str(self.run_dir / "run"),
+                "--storage-driver", "overlay"]
+
+    def podman(self, *args: str) -> list[str]:
+        return ["podman", *self.storage_flags(), "--tmpdir", str(self.run_dir / "libpod"),
+                "--network-config-dir", str(self.root / "networks"), *args]
+
+    def buildah(self, *args: str) -> list[str]:
+        return ["buildah", *self.storage_flags(), *args]
+
+    def run(self, cmd: Sequence[str], step: str, timeout: float = 3600,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(list(cmd), env=self.env(), capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            tail = (result.stdout + result.stderr)[-4000:]
+            raise ImageBuildError(f"{step}: `{' '.join(cmd)}` failed "
+                                  f"(exit {result.returncode}):\n{tail}")
+        return result
+
+    def image_exists(self, reference: str) -> bool:
+        return self.run(self.podman("image", "exists", reference), "image exists",
+                        check=False).returncode == 0
+
+    def image_id(self, reference: str) -> str:
+        return self.run(self.podman("image", "inspect", "--format", "{{.Id}}", reference),
+                        "image inspect").stdout.strip()
+
+    def image_size(self, reference: str) -> int:
+        return int(self.run(self.podman("image", "inspect", "--format", "{{.Size}}", reference),
+                            "image inspect").stdout.strip())
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One builder at a time per storage (parallel test sessions share the cache)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / "build.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass(frozen=True)
+class Built:
+    name: str
+    reference: str
+    size_bytes: int
+    seconds: float  # 0 when it came from the cache
+    cached: bool
+
+
+def base_reference() -> str:
+    return f"localhost/glm-operator-base:{DEBIAN_SUITE}-{base_inputs_hash()}"
+
+
+def ensure_base(store: Store) -> Built:
+    reference = base_reference()
+    if store.image_exists(reference):
+        return Built("base", reference, store.image_size(reference), 0.0, True)
+    started = time.monotonic()
+    log(f"mmdebstrap {DEBIAN_SUITE} -> {reference}")
+    with tempfile.TemporaryDirectory(prefix="glm-base-", dir=store.root) as work:
+        rootfs = Path(work) / "rootfs.tar"
+        store.run(["mmdebstrap", "--mode=root", "--format=tar", *MMDEBSTRAP_OPTIONS,
+                   DEBIAN_SUITE, str(rootfs), *DEBIAN_SOURCES], "mmdebstrap", timeout=1200)
+        store.run(store.podman("import", "--change", f"ENV=PATH={BASE_PATH}",
+                               "--change", 'CMD=["bash"]', str(rootfs), reference),
+                  "podman import")
+    return Built("base", reference, store.image_size(reference),
+                 time.monotonic() - started, False)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """One image: its Dockerfile, the files of its build context, the name it gets."""
+
+    name: str
+    dockerfile: Path
+    reference: str
+    target: str = "runtime-prebuilt"
+
+    def inputs_hash(self, base_id: str, files: Sequence[tuple[str, bytes]]) -> str:
+        """The Dockerfile, the target, the base's image ID and (name, content) of the inputs."""
+        parts: list[bytes | str] = [self.dockerfile.read_bytes(), self.target, base_id]
+        for name, content in sorted(files):
+            parts += [name, content]
+        return _digest(*parts)
+
+    def cache_tag(self, inputs: str) -> str:
+        return f"{self.reference.rsplit(':', 1)[0]}:inputs-{inputs}"
+
+
+def context_files(context: Path) -> list[tuple[str, bytes]]:
+    return [(str(p.relative_to(context)), p.read_bytes())
+            for p in sorted(context.rglob("*")) if p.is_file()]
+
+
+def reuse(store: Store, spec: ImageSpec, inputs: str) -> Built | None:
+    """The stored image built from the same inputs, tagged as `spec` names it; or None."""
+    cache_tag = spec.cache_tag(inputs)
+    if not store.image_exists(cache_tag):
+        return None
+    store.run(store.podman("tag", cache_tag, spec.reference), "podman tag")
+    return Built(spec.name, spec.reference, store.image_size(spec.reference), 0.0, True)
+
+
+def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs: str) -> Built:
+    """Build `spec` from `context` (its Dockerfile at context/Dockerfile), tagged twice."""
+    cache_tag = spec.cache_tag(inputs)
+    log(f"building {spec.reference} ({spec.dockerfile.relative_to(REPO)}, "
+        f"target {spec.target})")
+    started = time.monotonic()
+    store.run(store.buildah(
+        "bud", "--pull=never", "--isolation", "chroot", "--layers=false",
+        "--build-arg", f"BASE={base}", "--target", spec.target,
+        "-f", str(context / "Dockerfile"), "-t", cache_tag, "-t", spec.reference,
+        str(context)), f"buildah bud {spec.name}", timeout=3600)
+    seconds = time.monotonic() - started
+    log(f"{spec.reference} built in {seconds:.0f}s")
+    return Built(spec.name, spec.reference, store.image_size(spec.reference), seconds, False)
+
+
+def llama_cpu_spec() -> ImageSpec:
+    return ImageSpec("llamacpp-cpu", IMAGES_DIR / "llamacpp" / "Dockerfile.cpu",
+                     runtime_images()["llamacpp-cpu"])
+
+
+def python_spec() -> ImageSpec:
+    return ImageSpec("glm-operator", IMAGES_DIR / "python" / "Dockerfile",
+                     OperatorConfig().operator_image)
+
+
+def _llama_context(work: Path) -> Path:
+    """The Dockerfile and the llama-server the toolchain built (prebuilt/llama-server)."""
+    binary = toolchain.ensure("llama_cpp_python") / "llama-server"
+    context = work / "llamacpp"
+    (context / "prebuilt").mkdir(parents=True)
+    shutil.copy2(llama_cpu_spec().dockerfile, context / "Dockerfile")
+    shutil.copy2(binary, context / "prebuilt" / "llama-server")
+    return context
+
+
+def _project_sources() -> list[Path]:
+    files = [REPO / "pyproject.toml", REPO / "README.md"]
+    files += sorted(p for p in (REPO / "operator").rglob("*")
+                    if p.is_file() and "__pycache__" not in p.parts
+                    and ".egg-info" not in str(p))
+    return files
+
+
+def _python_inputs() -> list[tuple[str, bytes]]:
+    """The image's inputs besides the Dockerfile: the project's sources. The wheels follow from
+    them (dependency versions float within pyproject's ranges until the sources change)."""
+    return [(str(path.relative_to(REPO)), path.read_bytes()) for path in _project_sources()]
+
+
+def _python_context(work: Path) -> Path:
+    """The Dockerfile and wheels/: the project's wheel and its dependencies', made here."""
+    if sys.version_info[:2] != IMAGE_PYTHON:
+        raise ImageBuildError(
+            f"the glm-operator image runs Python {'.'.join(map(str, IMAGE_PYTHON))} (Debian "
+            f"{DEBIAN_SUITE}); wheels made with Python {sys.version_info.major}."
+            f"{sys.version_info.minor} may not fit: run with a Python "
+            f"{'.'.join(map(str, IMAGE_PYTHON))} interpreter")
+    context = work / "python"
+    (context / "wheels").mkdir(parents=True)
+    shutil.copy2(python_spec().dockerfile, context / "Dockerfile")
+    with tempfile.TemporaryDirectory(prefix="glm-wheel-src-") as src:
+        # A clean copy: no .venv, no egg-info, nothing the image should not carry.
+        for path in _project_sources():
+            target = Path(src) / path.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        store_free_run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir",
+                        str(context / "wheels"), src], "pip wheel")
+    return context
+
+
+def store_free_run(cmd: Sequence[str], step: str, timeout: float = 900) -> None:
+    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                            check=False)
+    if result.returncode != 0:
+        raise ImageBuildError(f"{step}: `{' '.join(cmd)}` failed (exit {result.returncode}):\n"
+                              f"{(result.stdout + result.stderr)[-4000:]}")
+
+
+def build_all() -> list[Built]:
+    """The base and both images, each built only when its inputs changed."""
+    store = Store.default()
+    store.prepare()
+    with store.locked(), tempfile.TemporaryDirectory(prefix="glm-images-") as tmp:
+        work = Path(tmp)
+        base = ensure_base(store)
+        base_id = store.image_id(base.reference)
+        built = [base]
+        llama = llama_cpu_spec()
+        context = _llama_context(work)
+        inputs = llama.inputs_hash(base_id, context_files(context))
+        built.append(reuse(store, llama, inputs)
+                     or build_image(store, llama, context, base.reference, inputs))
+        python = python_spec()
+        inputs = python.inputs_hash(base_id, _python_inputs())
+        built.append(reuse(store, python, inputs)
+                     or build_image(store, python, _python_context(work), base.reference,
+                                    inputs))
+        return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.images", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build what is missing and print the images")
+    podman = sub.add_parser("podman", help="run podman on the images' storage")
+    podman.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "podman":
+        store = Store.default()
+        store.prepare()
+        return subprocess.run(store.podman(*[a for a in args.args if a != "--"]),
+                              env=store.env(), check=False).returncode
+    started = time.monotonic()
+    try:
+        built = build_all()
+    except (ImageBuildError, toolchain.BuildError) as exc:
+        log(f"FAILED: {exc}")
+        return 1
+    for image in built:
+        how = "cached" if image.cached else f"built in {image.seconds:.0f}s"
+        print(f"{image.reference:55} {image.size_bytes / 1e6:7.1f} MB  {how}")
+    print(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

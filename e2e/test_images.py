@@ -1,0 +1,356 @@
+"""The runtime images, built here (e2e/images.py) and run under the pod specs the operator renders.
+
+One flow, every part real:
+
+1. the glm-operator image runs `glm-operator run` (podman, host network, read-only root, no
+   capabilities, uid 65532) against the local control plane, for the CPU example's GLMService
+   with a tiny GGUF on a `model-store` volume (the example's pvc:// source);
+2. the fetch Job it creates is played by `podman kube play` from the Job's own pod template,
+   with the same image: it verifies the GGUF into the cache volume and reports the facts into
+   the ModelVersion's status;
+3. the Deployment it then creates is played by `podman kube play` as it is, with the built
+   images (tagged as the operator renders them): both containers run as uid 65532 on a
+   read-only root with no capabilities, every probe it declares passes when called as the
+   kubelet calls it, a chat request through the gateway port is answered, and the engine's
+   port cannot be reached from outside the pod;
+4. the GLMService turns Ready.
+
+What the test adds is only what a kubelet adds to a pod: the ServiceAccount token mount and the
+KUBERNETES_SERVICE_* variables (automountServiceAccountToken), the /dev/termination-log file,
+the volumes' group ownership (fsGroup; podman ignores it), and the probe calls (podman runs
+only some probes, through curl inside the container, and only with systemd timers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import images
+from e2e.conftest import LocalCluster, in_ci
+from e2e.kubectl import Kubectl, wait_for
+from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.operator_fixtures import free_port, glm_crds  # noqa: F401 (fixture)
+
+MODEL_STORE = "model-store"
+MODEL_FILE = "glm/tiny-llama.gguf"
+FS_GROUP = 65532
+# The CPU example (examples/cpu-llamacpp/glmservice.yaml) with a tiny model instead of GLM-4-9B.
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu-llamacpp" / "glmservice.yaml"
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, images.Built]:
+    problem = None
+    if os.geteuid() != 0:
+        problem = "needs root (rootful podman and buildah)"
+    elif images.missing_tools():
+        problem = f"needs {', '.join(images.missing_tools())} (make deps)"
+    if problem:
+        if in_ci():
+            pytest.fail(f"image tests: {problem}")
+        pytest.skip(f"image tests: {problem}")
+    return {image.name: image for image in images.build_all()}
+
+
+@dataclass
+class Podman:
+    store: images.Store
+    names: list[str]  # pods and containers to remove at the end
+    volumes: list[str]
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 300) -> str:
+        return self.store.run(self.store.podman(*args), f"podman {args[0]}", timeout=timeout,
+                              check=check).stdout
+
+    def volume(self, name: str) -> Path:
+        """A named volume (what a claimName resolves to), group-owned as fsGroup makes it."""
+        self("volume", "rm", "--force", name, check=False)
+        self("volume", "create", name)
+        self.volumes.append(name)
+        path = Path(self("volume", "inspect", "--format", "{{.Mountpoint}}", name).strip())
+        os.chown(path, 0, FS_GROUP)
+        path.chmod(0o2775)
+        return path
+
+    def play(self, manifest: dict[str, Any], workdir: Path, *flags: str) -> str:
+        """`podman kube play`; returns the name of the pod it made."""
+        path = workdir / f"{manifest['metadata']['name']}.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        self("kube", "down", str(path), check=False)  # what an interrupted run left behind
+        lines = self("kube", "play", *flags, str(path), timeout=120).splitlines()
+        pod_id = lines[lines.index("Pod:") + 1].strip()
+        name = self("pod", "inspect", "--format", "{{.Name}}", pod_id).strip()
+        self.names.append(name)
+        return name
+
+    def logs(self, container: str) -> str:
+        result = self.store.run(self.store.podman("logs", "--tail", "80", container), "logs",
+                                check=False)
+        return result.stdout + result.stderr
+
+    def inspect(self, container: str, template: str) -> str:
+        return self("inspect", "--format", template, container).strip()
+
+
+@pytest.fixture
+def podman(built: dict[str, images.Built]) -> Iterator[Podman]:
+    runner = Podman(images.Store.default(), [], [])
+    try:
+        yield runner
+    finally:
+        for name in reversed(runner.names):
+            runner("pod", "rm", "--force", "--time", "5", name, check=False)
+            runner("rm", "--force", "--time", "5", name, check=False)
+        for volume in runner.volumes:
+            runner("volume", "rm", "--force", volume, check=False)
+
+
+def manifests(namespace: str, sha256: str) -> list[dict[str, Any]]:
+    service = yaml.safe_load(EXAMPLE.read_text())
+    service["metadata"]["namespace"] = namespace
+    version = {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+               "metadata": {"name": service["spec"]["modelVersion"], "namespace": namespace},
+               "spec": {"source": {"uri": f"pvc://{MODEL_STORE}/{MODEL_FILE}"},
+                        "format": "gguf", "quantization": "F32", "architecture": "llama",
+                        "sha256": sha256}}
+    return [version, service]
+
+
+def flat_kubeconfig(kubectl: Kubectl, directory: Path) -> Path:
+    """The cluster's kubeconfig with its certificates inline, readable by uid 65532."""
+    text = kubectl("config", "view", "--raw", "--flatten", "--minify").stdout
+    path = directory / "kubeconfig"
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+def run_operator(podman: Podman, kubeconfig: Path, namespace: str) -> tuple[str, int]:
+    """`glm-operator run` from the image, on the host network, as the chart runs it."""
+    name = f"glm-operator-{namespace}"
+    liveness = free_port()
+    podman.names.append(name)
+    podman("run", "--detach", "--name", name, "--network", "host", "--read-only",
+           "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", "65532:65532",
+           "--volume", f"{kubeconfig}:/etc/glm-operator/kubeconfig:ro",
+           images.python_spec().reference,
+           "run", "--namespace", namespace, "--kubeconfig", "/etc/glm-operator/kubeconfig",
+           "--liveness", f"http://127.0.0.1:{liveness}/healthz",
+           "--metrics-port", str(free_port()))
+    return name, liveness
+
+
+def http_status(url: str, timeout: float, body: dict[str, Any] | None = None
+                ) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def kubelet_probe(pod_ip: str, container: dict[str, Any], probe: dict[str, Any]) -> None:
+    """An httpGet probe as the kubelet runs it: the pod IP, the port (a name resolves among the
+    container's own ports), success on 200-399 within timeoutSeconds; failureThreshold tries
+    periodSeconds apart before it counts as failed."""
+    get = probe["httpGet"]
+    port = get["port"]
+    if isinstance(port, str):
+        port = next(p["containerPort"] for p in container.get("ports", []) if p["name"] == port)
+    url = f"http://{pod_ip}:{port}{get['path']}"
+    period, tries = probe.get("periodSeconds", 10), probe.get("failureThreshold", 3)
+
+    def passes() -> bool:
+        try:
+            return 200 <= http_status(url, probe.get("timeoutSeconds", 1))[0] < 400
+        except OSError:
+            return False
+    # Polled faster than periodSeconds (the test waits less), never longer than the kubelet.
+    wait_for(passes, timeout=period * tries, interval=min(period, 1.0),
+             what=f"{container['name']} probe {url}")
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    uid: str
+    gid: str
+    cap_eff: str
+    no_new_privs: str
+    root_options: list[str]
+
+
+def process_facts(podman: Podman, container: str) -> ProcessFacts:
+    """What the kernel says about the container's main process (not what podman was asked)."""
+    pid = podman.inspect(container, "{{.State.Pid}}")
+    status = dict(line.split(":\t", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    root = next(line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+                if line.split()[4] == "/")
+    return ProcessFacts(uid=status["Uid"].split()[0], gid=status["Gid"].split()[0],
+                        cap_eff=status["CapEff"].strip(), no_new_privs=status["NoNewPrivs"],
+                        root_options=root[5].split(","))
+
+
+def assert_locked_down(podman: Podman, container: str) -> None:
+    facts = process_facts(podman, container)
+    assert (facts.uid, facts.gid) == ("65532", "65532"), (container, facts)
+    assert facts.cap_eff == "0000000000000000", (container, facts)
+    assert facts.no_new_privs.strip() == "1", (container, facts)
+    assert "ro" in facts.root_options, (container, facts)
+
+
+def kubelet_additions(pod: dict[str, Any], workdir: Path, kubectl: Kubectl,
+                      namespace: str) -> dict[str, Any]:
+    """The fetch Job's pod template as a Pod, plus what a kubelet mounts into every pod: the
+    ServiceAccount token (automountServiceAccountToken) and /dev/termination-log."""
+    spec = json.loads(json.dumps(pod["spec"]))
+    secrets = workdir / "serviceaccount"
+    secrets.mkdir()
+    token = kubectl("create", "token", spec["serviceAccountName"], "-n", namespace).stdout
+    (secrets / "token").write_text(token.strip())
+    (secrets / "namespace").write_text(namespace)
+    config = yaml.safe_load(kubectl("config", "view", "--raw", "--minify").stdout)
+    cluster = config["clusters"][0]["cluster"]
+    shutil.copy(cluster["certificate-authority"], secrets / "ca.crt")
+    for path in secrets.iterdir():
+        path.chmod(0o644)
+    termination = workdir / "termination-log"
+    termination.touch()
+    termination.chmod(0o666)
+    spec["volumes"] += [
+        {"name": "kube-api-access", "hostPath": {"path": str(secrets), "type": "Directory"}},
+        {"name": "termination-log", "hostPath": {"path": str(termination), "type": "File"}}]
+    host, port = cluster["server"].removeprefix("https://").rsplit(":", 1)
+    for container in spec["containers"]:
+        container.setdefault("env", []).extend([
+            {"name": "KUBERNETES_SERVICE_HOST", "value": host},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": port}])
+        container["volumeMounts"] += [
+            {"name": "kube-api-access", "readOnly": True,
+             "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+            {"name": "termination-log", "mountPath": "/dev/termination-log"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod["metadata"]["name"]}, "spec": spec}
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind),
+                {})
+
+
+def test_rendered_pods_run_the_built_images(
+    built: dict[str, images.Built], podman: Podman, cluster: LocalCluster, kubectl: Kubectl,
+    glm_crds: list[str], namespace: str,  # noqa: F811
+) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="glm-images-e2e-"))
+    model = write_tiny_llama(podman.volume(MODEL_STORE) / MODEL_FILE,
+                             TinyLlamaSpec(n_ctx_train=8192))
+    sha256 = images.file_sha256(model)
+    kubectl.apply(manifests(namespace, sha256))
+    service_name = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+
+    # 1. The operator, from its image.
+    operator, liveness = run_operator(podman, flat_kubeconfig(kubectl, workdir), namespace)
+
+    def operator_live() -> bool:
+        assert podman.inspect(operator, "{{.State.Running}}") == "true", \
+            podman.logs(operator)
+        try:
+            return http_status(f"http://127.0.0.1:{liveness}/healthz", 2)[0] == 200
+        except OSError:
+            return False
+    wait_for(operator_live, timeout=60, what="the operator container's liveness endpoint")
+    assert_locked_down(podman, operator)
+    # The fetcher verifies https sources (Hugging Face, S3) against the image's CA store.
+    cas = podman("run", "--rm", "--entrypoint", "python3", images.python_spec().reference, "-c",
+                 "import ssl; print(ssl.create_default_context().cert_store_stats()['x509_ca'])")
+    assert int(cas) > 100, f"the glm-operator image trusts {cas.strip()} CAs"
+
+    # 2. The fetch Job's pod, from the same image, into the cache volume.
+    job = wait_for(lambda: kubectl.items("jobs", "-n", namespace), timeout=60,
+                   what="the fetch Job")[0]
+    pod = job["spec"]["template"]
+    pod["metadata"]["name"] = job["metadata"]["name"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    cache = podman.volume(claims["cache"])
+    # Host network: the pod reaches the API server as the ServiceAccount, at the address its
+    # certificate names (a cluster gives pods the kubernetes Service's IP instead).
+    fetch_pod = podman.play(kubelet_additions(pod, workdir, kubectl, namespace), workdir,
+                            "--network", "host")
+    fetch = f"{fetch_pod}-fetch"
+    exit_code = podman("wait", fetch, timeout=180).strip()
+    assert exit_code == "0", podman.logs(fetch)
+    assert images.file_sha256(cache / Path(MODEL_FILE).name) == sha256
+    result = json.loads((workdir / "termination-log").read_text())
+    assert result["sha256"] == sha256, result
+    version_name = job["metadata"]["labels"]["glm-operator.dev/model-version"]
+
+    def version_ready() -> dict[str, Any] | None:
+        found = kubectl.get_json("modelversion", version_name, "-n", namespace)
+        return found if condition(found, "Ready").get("status") == "True" else None
+    version = wait_for(version_ready, timeout=60,
+                       what="ModelVersion Ready from the fetch pod's report")
+    assert version["status"]["facts"]["blockCount"] == TinyLlamaSpec().n_layer
+
+    # 3. The Deployment, as the operator rendered it, with the built images.
+    deployment = wait_for(lambda: kubectl.items("deployments", "-n", namespace), timeout=60,
+                          what="the engine Deployment")[0]
+    template = deployment["spec"]["template"]["spec"]
+    assert {c["image"] for c in template["containers"]} == {
+        built["llamacpp-cpu"].reference, built["glm-operator"].reference}
+    rendered = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": deployment["metadata"]["name"],
+                             "labels": deployment["metadata"]["labels"]},
+                "spec": {k: deployment["spec"][k] for k in ("replicas", "selector", "template")}}
+    pod_name = podman.play(rendered, workdir)
+    pod_ip = podman.inspect(
+        podman("pod", "inspect", "--format", "{{.InfraContainerID}}", pod_name).strip(),
+        "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
+    assert pod_ip, "the pod has no IP on podman's bridge"
+    containers = {c["name"]: c for c in template["containers"]}
+    for name in containers:
+        assert podman.inspect(f"{pod_name}-{name}", "{{.State.Running}}") == "true", \
+            podman.logs(f"{pod_name}-{name}")
+    for container in containers.values():
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            if kind in container:
+                kubelet_probe(pod_ip, container, container[kind])
+    for name in containers:
+        assert_locked_down(podman, f"{pod_name}-{name}")
+
+    status, body = http_status(
+        f"http://{pod_ip}:8080/v1/chat/completions", 120,
+        {"model": service_name, "max_tokens": 8,
+         "messages": [{"role": "user", "content": "Hello from a podman pod."}]})
+    assert status == 200, body
+    answer = json.loads(body)
+    assert answer["choices"][0]["message"]["content"] is not None
+
+    engine_port = int(containers["engine"]["args"][containers["engine"]["args"].index(
+        "--port") + 1])
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(
+            (pod_ip, engine_port), timeout=5):
+        pass
+
+    # 4. The operator sees the Deployment (kwok runs its pods in the cluster) and turns Ready.
+    wait_for(lambda: condition(kubectl.get_json("glmservice", service_name, "-n", namespace),
+                               "Ready").get("status") == "True",
+             timeout=120, what=f"GLMService {service_name} Ready")
+    assert podman.inspect(operator, "{{.State.Running}}") == "true"
