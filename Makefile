@@ -29,8 +29,10 @@ venv: $(VENV)/.installed ## Create .venv with the package and its test and lint 
 # namespace and the serving certificate of the custom metrics API, e2e/custom_metrics.py);
 # mmdebstrap, buildah, podman, runc and catatonit (the image builds and pods of e2e/images.py:
 # a Debian rootfs, buildah builds on it, podman runs them with runc; catatonit is the init of
-# podman's local pause image).
-SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl mmdebstrap buildah podman runc catatonit
+# podman's local pause image), python3-pip (Debian's python3 resolves the glm-operator image's
+# wheels: the image runs that same Python).
+SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl mmdebstrap buildah podman runc \
+  catatonit python3-pip
 
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)

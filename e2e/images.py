@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -98,8 +99,13 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 """
-# The Python the glm-operator image runs: Debian bookworm's python3. The host's wheels must fit.
-IMAGE_PYTHON = (3, 11)
+# The Python the glm-operator image runs: Debian bookworm's python3 (3.11.2-6+deb12uN), and
+# its C library (glibc 2.36). The wheels are resolved by an interpreter of exactly this version
+# (this Debian's own /usr/bin/python3, with python3-pip): pip evaluates environment markers
+# against the interpreter it runs on, and they differ even between micro versions (redis needs
+# async-timeout below 3.11.3). e2e/test_images.py checks the image's version against this.
+IMAGE_PYTHON = "3.11.2"
+IMAGE_GLIBC = (2, 36)
 
 
 class ImageBuildError(RuntimeError):
@@ -334,16 +340,38 @@ def _python_inputs() -> list[tuple[str, bytes]]:
     return [(str(path.relative_to(REPO)), path.read_bytes()) for path in _project_sources()]
 
 
+def _wheel_platforms() -> list[str]:
+    """Every manylinux tag a wheel may carry to run on the image's glibc."""
+    machine = platform.machine()
+    tags = [f"manylinux_2_{minor}_{machine}" for minor in range(IMAGE_GLIBC[1], 4, -1)]
+    return [*tags, f"manylinux2014_{machine}", f"manylinux2010_{machine}",
+            f"manylinux1_{machine}", f"linux_{machine}"]
+
+
+def _resolving_python() -> str:
+    """An interpreter of exactly IMAGE_PYTHON with pip, to resolve the image's dependencies."""
+    major, minor, _ = IMAGE_PYTHON.split(".")
+    for candidate in (f"/usr/bin/python{major}.{minor}", f"python{major}.{minor}", sys.executable):
+        found = shutil.which(candidate)
+        if found is None:
+            continue
+        probe = subprocess.run(
+            [found, "-c", "import platform, pip; print(platform.python_version())"],
+            capture_output=True, text=True, check=False)
+        if probe.returncode == 0 and probe.stdout.strip() == IMAGE_PYTHON:
+            return found
+    raise ImageBuildError(
+        f"no Python {IMAGE_PYTHON} with pip here to resolve the glm-operator image's "
+        f"dependencies for its Python (Debian {DEBIAN_SUITE}'s python3): install python3-pip "
+        "(make deps)")
+
+
 def _python_context(work: Path) -> Path:
-    """The Dockerfile and wheels/: the project's wheel and its dependencies', made here."""
-    if sys.version_info[:2] != IMAGE_PYTHON:
-        raise ImageBuildError(
-            f"the glm-operator image runs Python {'.'.join(map(str, IMAGE_PYTHON))} (Debian "
-            f"{DEBIAN_SUITE}); wheels made with Python {sys.version_info.major}."
-            f"{sys.version_info.minor} may not fit: run with a Python "
-            f"{'.'.join(map(str, IMAGE_PYTHON))} interpreter")
+    """The Dockerfile and wheels/: the project's wheel and its dependencies' wheels for the
+    image's Python, downloaded here (the host trusts PyPI's certificate; the build does not)."""
     context = work / "python"
-    (context / "wheels").mkdir(parents=True)
+    wheels = context / "wheels"
+    wheels.mkdir(parents=True)
     shutil.copy2(python_spec().dockerfile, context / "Dockerfile")
     with tempfile.TemporaryDirectory(prefix="glm-wheel-src-") as src:
         # A clean copy: no .venv, no egg-info, nothing the image should not carry.
@@ -351,8 +379,15 @@ def _python_context(work: Path) -> Path:
             target = Path(src) / path.relative_to(REPO)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
-        store_free_run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir",
-                        str(context / "wheels"), src], "pip wheel")
+        store_free_run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                        "--wheel-dir", str(wheels), src], "pip wheel (glm-operator)")
+    (project,) = wheels.glob("glm_operator-*.whl")
+    major, minor, _ = IMAGE_PYTHON.split(".")
+    store_free_run([_resolving_python(), "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                    "--python-version", IMAGE_PYTHON, "--implementation", "cp",
+                    "--abi", f"cp{major}{minor}", "--abi", "abi3", "--abi", "none",
+                    *(arg for tag in _wheel_platforms() for arg in ("--platform", tag)),
+                    "--dest", str(wheels), str(project)], "pip download (dependencies)")
     return context
 
 

@@ -281,6 +281,10 @@ def test_rendered_pods_run_the_built_images(
     cas = podman("run", "--rm", "--entrypoint", "python3", images.python_spec().reference, "-c",
                  "import ssl; print(ssl.create_default_context().cert_store_stats()['x509_ca'])")
     assert int(cas) > 100, f"the glm-operator image trusts {cas.strip()} CAs"
+    # Its wheels were resolved for this exact Python (environment markers).
+    python = podman("run", "--rm", "--entrypoint", "python3", images.python_spec().reference,
+                     "-c", "import platform; print(platform.python_version())").strip()
+    assert python == images.IMAGE_PYTHON, (python, images.IMAGE_PYTHON)
 
     # 2. The fetch Job's pod, from the same image, into the cache volume.
     job = wait_for(lambda: kubectl.items("jobs", "-n", namespace), timeout=60,
