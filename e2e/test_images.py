@@ -30,6 +30,7 @@ import socket
 import tempfile
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ import pytest
 import yaml
 
 from e2e import images
-from e2e.conftest import LocalCluster, in_ci
+from e2e.conftest import in_ci
 from e2e.kubectl import Kubectl, wait_for
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.operator_fixtures import free_port, glm_crds  # noqa: F401 (fixture)
@@ -116,6 +117,20 @@ def podman(built: dict[str, images.Built]) -> Iterator[Podman]:
             runner("rm", "--force", "--time", "5", name, check=False)
         for volume in runner.volumes:
             runner("volume", "rm", "--force", volume, check=False)
+
+
+@pytest.fixture
+def own_namespace(kubectl: Kubectl) -> Iterator[str]:
+    """A namespace only this test's operator watches (the session operator watches e2e-*)."""
+    name = f"images-{uuid.uuid4().hex[:6]}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
+             what=f"ServiceAccount default in namespace {name}")
+    try:
+        yield name
+    finally:
+        kubectl.run("delete", "namespace", name, "--wait=false", "--ignore-not-found",
+                    check=False)
 
 
 def manifests(namespace: str, sha256: str) -> list[dict[str, Any]]:
@@ -255,9 +270,10 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_rendered_pods_run_the_built_images(
-    built: dict[str, images.Built], podman: Podman, cluster: LocalCluster, kubectl: Kubectl,
-    glm_crds: list[str], namespace: str,  # noqa: F811
+    built: dict[str, images.Built], podman: Podman, kubectl: Kubectl,
+    glm_crds: list[str], own_namespace: str,  # noqa: F811
 ) -> None:
+    namespace = own_namespace
     workdir = Path(tempfile.mkdtemp(prefix="glm-images-e2e-"))
     model = write_tiny_llama(podman.volume(MODEL_STORE) / MODEL_FILE,
                              TinyLlamaSpec(n_ctx_train=8192))
