@@ -49,6 +49,8 @@ NAMESPACED_RULES: list[Obj] = [
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"],
      "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+     "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["networking.istio.io"], "resources": ["virtualservices", "destinationrules"],
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
@@ -285,13 +287,19 @@ def _rendered_roles() -> list[Obj]:
 
 def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> None:
     """Kubernetes refuses a Role (or a binding to it) holding rights its creator lacks."""
-    from glm_operator.render.rbac import model_version_status_rules, scale_rules
+    from glm_operator.render.rbac import (
+        activity_lease_rules,
+        model_version_status_rules,
+        scale_rules,
+    )
 
     roles = _rendered_roles()
     granted = [rule for role in roles for rule in role["rules"]]
-    granted += scale_rules("any") + model_version_status_rules(handlers.GROUP, "any")
+    granted += (scale_rules("any") + model_version_status_rules(handlers.GROUP, "any")
+                + activity_lease_rules("any"))
     assert {r for rule in granted for r in rule["resources"]} == {
-        "modelversions", "modelversions/status", "deployments/scale"}, "a new Role: pin it"
+        "modelversions", "modelversions/status", "deployments/scale", "leases"
+    }, "a new Role: pin it"
     for group, resource, verb, name in permissions(granted):
         assert allows(NAMESPACED_RULES, group, resource, verb, name), (group, resource, verb)
 

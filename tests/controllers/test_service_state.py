@@ -10,7 +10,12 @@ from typing import Any
 import yaml
 from glm_operator.api import AnalysisResult
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers.service_state import ServiceDecision, decide_service
+from glm_operator.controllers.long_context import ActivityReading
+from glm_operator.controllers.service_state import (
+    ServiceDecision,
+    decide_service,
+    long_context_reading_due,
+)
 from glm_operator.render.service import Capabilities
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -354,3 +359,67 @@ def test_a_device_memory_target_below_the_plan_is_left_out_with_the_numbers() ->
     svc["spec"]["replicas"] = 1
     fixed = decide(svc, [ready_mv(mv)])
     assert "AutoscalingTargetsValid" not in {c.type for c in fixed.status.conditions}
+
+
+# --- the long-context pool's idle decision, carried out ----------------------------------------
+
+LC_T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def lc_at(seconds: float) -> datetime:
+    return LC_T0 + timedelta(seconds=seconds)
+
+
+def _service_with_pool(idle: int = 60) -> tuple[dict[str, Any], dict[str, Any]]:
+    mv, svc = load("cpu-llamacpp")
+    svc["spec"]["longContext"] = {"enabled": True, "contextLength": 16384, "idleSeconds": idle}
+    return ready_mv(mv), svc
+
+
+def _live(svc: dict[str, Any], mv: dict[str, Any], lc_replicas: int) -> list[dict[str, Any]]:
+    main, lc = deployments(decide(svc, [mv]).desired)
+    live_lc = as_ready(lc, lc_replicas)
+    live_lc["spec"]["replicas"] = lc_replicas
+    live_lc["metadata"]["resourceVersion"] = "77"
+    return [as_ready(main), live_lc]
+
+
+def test_decide_service_sleeps_an_idle_pool_through_its_scale() -> None:
+    mv, svc = _service_with_pool()
+    live = _live(svc, mv, 2)
+    woken = decide(svc, [mv], live, now=lc_at(0))
+    status = woken.status.long_context
+    assert status is not None and status.scale_to_zero_time == lc_at(60)
+    assert woken.scale_to_zero == () and woken.requeue_after == 60
+
+    svc = copy.deepcopy(svc)
+    svc["status"] = woken.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert not long_context_reading_due(svc, live, lc_at(59))
+    assert long_context_reading_due(svc, live, lc_at(60))
+    lc_name = deployments(live)[1]["metadata"]["name"]
+    idle = decide_service_with(svc, mv, live, lc_at(61), ActivityReading(lc_at(-10)))
+    assert idle.scale_to_zero == ((lc_name, "77"),)
+    assert any(reason == "LongContextIdle" for _, reason, _ in idle.events)
+    asleep = idle.status.long_context
+    assert asleep is not None and asleep.scale_to_zero_time is None
+    # The operator's applied intent never holds the pool's replicas.
+    (lc,) = [d for d in deployments(idle.desired) if d["metadata"]["name"] == lc_name]
+    assert "replicas" not in lc["spec"]
+
+
+def test_decide_service_keeps_a_pool_with_recent_activity() -> None:
+    mv, svc = _service_with_pool()
+    live = _live(svc, mv, 1)
+    svc["status"] = {"longContext": {"lastActivityTime": "2026-11-30T12:00:00Z",
+                                     "scaleToZeroTime": "2026-11-30T12:01:00Z"}}
+    decision = decide_service_with(svc, mv, live, lc_at(61), ActivityReading(lc_at(50)))
+    assert decision.scale_to_zero == ()
+    status = decision.status.long_context
+    assert status is not None and status.scale_to_zero_time == lc_at(110)
+    assert decision.requeue_after == 49
+
+
+def decide_service_with(svc: dict[str, Any], mv: dict[str, Any], live: list[dict[str, Any]],
+                        now: datetime, reading: ActivityReading) -> Any:
+    return decide_service(svc, {mv["metadata"]["name"]: mv}, live, CONFIG, CONFIG.profiles,
+                          Capabilities(), now=now, long_context_activity=reading)

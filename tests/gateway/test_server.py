@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from glm_operator.gateway.config import GatewayConfig, WakeConfig
+from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
 from glm_operator.gateway.server import Gateway
 
 
@@ -88,12 +88,29 @@ class FakeScaleApi:
     deployment: str
     replicas: int = 0
     patches: list[Any] = field(default_factory=list)
+    lease: str = "glm-lc"
+    lease_duration: int = 30
+    calls: list[tuple[str, Any]] = field(default_factory=list)  # in order: scale and lease
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/apis/apps/v1/namespaces/{ns}/deployments/{name}/scale",
                              self.scale)
+        app.router.add_patch("/apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name}",
+                             self.renew)
         return app
+
+    async def renew(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"reason": "Unauthorized"}, status=401)
+        if request.match_info["name"] != self.lease:
+            return web.json_response({"reason": "Forbidden"}, status=403)
+        assert request.content_type == "application/merge-patch+json"
+        assert request.query["fieldManager"] == "glm-gateway"
+        patch = await request.json()
+        self.calls.append(("lease", patch))
+        return web.json_response({"kind": "Lease", "spec": {
+            **patch["spec"], "leaseDurationSeconds": self.lease_duration}})
 
     async def scale(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
@@ -104,6 +121,7 @@ class FakeScaleApi:
             assert request.content_type == "application/merge-patch+json"
             patch = await request.json()
             self.patches.append(patch)
+            self.calls.append(("scale", patch))
             self.replicas = patch["spec"]["replicas"]
         return web.json_response({"kind": "Scale", "spec": {"replicas": self.replicas}})
 
@@ -232,6 +250,114 @@ async def test_overflow_wakes_the_pool_from_zero(engine: tuple[FakeEngine, str],
         await long_server.close()
         await api_server.close()
     assert len(main.calls) == 5  # 2 short + 3 long ones refused for context size
+
+
+def activity_config(api_server: TestServer, token: Path, lease: str = "glm-lc"
+                    ) -> ActivityConfig:
+    return ActivityConfig(lease=lease, namespace="ns",
+                          api_server=str(api_server.make_url("")).rstrip("/"),
+                          token_path=token, ca_path=None, identity="pod-a")
+
+
+async def test_the_wake_is_marked_as_activity_before_the_scale(
+        engine: tuple[FakeEngine, str], tmp_path: Path) -> None:
+    _, url = engine
+    long_engine = FakeEngine(n_ctx=10_000, name="long")
+    api = FakeScaleApi(token="t", deployment="glm-v1-long")
+    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
+    token = tmp_path / "token"
+    token.write_text("t")
+    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
+                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
+                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
+    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
+                         wake=wake, activity=activity_config(api_server, token))
+    client = await gateway_client(config)
+    try:
+        for _ in range(3):  # short requests never mark the pool as in use
+            assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+        assert api.calls == []
+        # The fake pool answers /readyz at once: it is awake, so nothing to wake or mark.
+        assert (await client.post("/v1/chat/completions", json=LONG_CHAT)).status == 200
+        assert api.calls == []
+        long_engine.ready = asyncio.Event()  # asleep now: the next long request wakes it
+        api.replicas = 0
+        pending = asyncio.create_task(client.post("/v1/chat/completions", json=LONG_CHAT))
+        for _ in range(100):
+            if len(api.calls) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        (kind, mark), (second, scale) = api.calls
+        assert (kind, second) == ("lease", "scale")
+        assert mark["spec"]["holderIdentity"] == "pod-a"
+        assert mark["spec"]["renewTime"].endswith("Z") and "." in mark["spec"]["renewTime"]
+        assert scale == {"spec": {"replicas": 1}}
+        long_engine.ready.set()
+        assert (await pending).status == 200
+    finally:
+        await client.close()
+        await long_server.close()
+        await api_server.close()
+
+
+async def test_a_failed_mark_does_not_stop_the_wake(engine: tuple[FakeEngine, str],
+                                                    tmp_path: Path) -> None:
+    _, url = engine
+    long_engine = FakeEngine(n_ctx=10_000, name="long", ready=asyncio.Event())
+    api = FakeScaleApi(token="t", deployment="glm-v1-long")
+    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
+    token = tmp_path / "token"
+    token.write_text("t")
+    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
+                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
+                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
+    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
+                         wake=wake, activity=activity_config(api_server, token, "not-allowed"))
+    client = await gateway_client(config)
+    try:
+        pending = asyncio.create_task(client.post("/v1/chat/completions", json=LONG_CHAT))
+        for _ in range(100):
+            if api.replicas:
+                break
+            await asyncio.sleep(0.05)
+        assert api.patches == [{"spec": {"replicas": 1}}]  # the 403 on the Lease is logged
+        long_engine.ready.set()  # type: ignore[union-attr]
+        assert (await pending).status == 200
+    finally:
+        await client.close()
+        await long_server.close()
+        await api_server.close()
+
+
+async def test_the_long_context_gateway_marks_the_requests_it_serves(
+        tmp_path: Path) -> None:
+    long_engine = FakeEngine(n_ctx=10_000, name="long")
+    engine_server = await serve(long_engine.app())
+    api = FakeScaleApi(token="t", deployment="none")
+    api_server = await serve(api.app())
+    token = tmp_path / "token"
+    token.write_text("t")
+    config = base_config(str(engine_server.make_url("")).rstrip("/"), pool="long-context",
+                         activity=activity_config(api_server, token))
+    client = await gateway_client(config)
+    try:
+        assert (await client.get("/readyz")).status in (200, 503)
+        assert api.calls == []  # probes and warm-up are no activity
+        for _ in range(3):
+            assert (await client.post("/v1/chat/completions", json=LONG_CHAT)).status == 200
+        for _ in range(100):
+            if api.calls:
+                break
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        assert [kind for kind, _ in api.calls] == ["lease"]  # throttled: one for three
+        assert (await client.post("/v1/chat/completions", json={"model": "glm"})).status == 400
+        await asyncio.sleep(0.1)
+        assert len(api.calls) == 1
+    finally:
+        await client.close()
+        await engine_server.close()
+        await api_server.close()
 
 
 async def test_wake_timeout_is_503_with_retry_after(engine: tuple[FakeEngine, str],

@@ -42,7 +42,8 @@ def test_renders_service_and_model_version_children(
     kinds = [d["kind"] for d in docs]
     assert kinds == ["PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job",
                      "Deployment", "Deployment", "Service", "Service", "ServiceMonitor",
-                     "ServiceAccount", "Role", "RoleBinding"]
+                     "ServiceAccount", "Role", "RoleBinding",
+                     "Lease", "ServiceAccount", "Role", "RoleBinding"]
     assert all(d["metadata"]["namespace"] == "prod" for d in docs)
     assert all("ownerReferences" not in d["metadata"] for d in docs)
 

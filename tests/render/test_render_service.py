@@ -84,8 +84,9 @@ def test_autoscaling_and_long_context_leave_replicas_to_their_owners() -> None:
     assert "replicas" not in main["spec"] and "replicas" not in lc["spec"]
     assert main["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION] == "1"
     assert lc["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION] == "0"
-    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler")
+    hpa, lc_hpa = by_kind(objects, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == main["metadata"]["name"]
+    assert lc_hpa["spec"]["scaleTargetRef"]["name"] == lc["metadata"]["name"]
     targets = {m["pods"]["metric"]["name"]: m["pods"]["target"]["averageValue"]
                for m in hpa["spec"]["metrics"]}
     assert targets == {"glm_gateway_requests_per_second": "2500m",
@@ -112,19 +113,90 @@ def test_long_context_wiring_and_narrow_rbac() -> None:
     assert "--long-context-url" not in container(lc, "gateway")["args"]
     assert arg(container(lc, "engine"), "--ctx-size") == "131072"  # one slot of 128k
     assert arg(container(lc, "gateway"), "--pool") == "long-context"
-    (sa,) = by_kind(objects, "ServiceAccount")
-    (role,) = by_kind(objects, "Role")
-    (binding,) = by_kind(objects, "RoleBinding")
+    (lease,) = by_kind(objects, "Lease")
+    lease_name = lease["metadata"]["name"]
+    assert lease_name == "chat-lc" and lease["spec"] == {"leaseDurationSeconds": 600}
+    assert arg(gateway, "--activity-lease") == lease_name
+    assert arg(container(lc, "gateway"), "--activity-lease") == lease_name
+    sa, lc_sa = by_kind(objects, "ServiceAccount")
+    role, lc_role = by_kind(objects, "Role")
+    binding, lc_binding = by_kind(objects, "RoleBinding")
+    lease_rule = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                  "resourceNames": [lease_name], "verbs": ["patch"]}
+    # The main pool's gateway wakes its version's pool and marks the wake; the pool's own
+    # gateways may only mark activity: neither may touch any other object.
     assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
                               "resourceNames": [lc["metadata"]["name"]],
-                              "verbs": ["get", "patch"]}]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
+                              "verbs": ["get", "patch"]}, lease_rule]
+    assert lc_role["rules"] == [lease_rule]
+    for b, r, account in ((binding, role, sa), (lc_binding, lc_role, lc_sa)):
+        assert b["roleRef"]["name"] == r["metadata"]["name"]
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                  "namespace": "models"}]
     main_pod, lc_pod = main["spec"]["template"]["spec"], lc["spec"]["template"]["spec"]
     assert main_pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert lc_pod["serviceAccountName"] == lc_sa["metadata"]["name"] != sa["metadata"]["name"]
     assert main_pod["automountServiceAccountToken"] is True
-    assert lc_pod["automountServiceAccountToken"] is False
-    assert "serviceAccountName" not in lc_pod
+    assert lc_pod["automountServiceAccountToken"] is True
+
+
+def test_long_context_pool_has_its_own_hpa_from_one_replica() -> None:
+    objects = render_service(golden_inputs("llamacpp", "a100x2"))
+    _, lc = by_kind(objects, "Deployment")
+    (hpa,) = [h for h in by_kind(objects, "HorizontalPodAutoscaler")
+              if h["metadata"]["labels"]["glm-operator.dev/pool"] == "long-context"]
+    assert hpa["metadata"]["name"] == lc["metadata"]["name"] == "chat-glm4-9b-q4-lc"
+    # 0 is never a target (the HPA leaves a Deployment at 0 alone: the wake and the idle
+    # scale-down own that edge); queued long requests per pod grow it to maxReplicas.
+    assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 2
+    assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
+        "metric": {"name": "glm_gateway_requests_queued"},
+        "target": {"type": "AverageValue", "averageValue": "1"}}}]
+    behavior = hpa["spec"]["behavior"]
+    assert behavior["scaleUp"]["policies"] == [{"type": "Pods", "value": 2, "periodSeconds": 120}]
+    # the main pool's scaleDown override (1800 s in this spec) is not the pool's
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 900
+    assert "replicas" not in lc["spec"]
+
+
+@pytest.mark.parametrize(("long_context", "expected"), [
+    ({"maxReplicas": 1}, None),  # one replica at most: nothing for an HPA to do
+    ({"maxReplicas": 3, "minReplicas": 3}, None),
+    ({"maxReplicas": 3, "minReplicas": 2, "queueLength": 5}, (2, 3, "5")),
+    ({"maxReplicas": 4}, (1, 4, "1")),
+])
+def test_long_context_hpa_bounds(long_context: dict[str, int],
+                                 expected: tuple[int, int, str] | None) -> None:
+    svc = service("llamacpp", "a100x2", longContext={"enabled": True, "contextLength": 65536,
+                                                     **long_context})
+    hpas = [h for h in by_kind(render_service(inputs(svc, model_version("gguf"))),
+                               "HorizontalPodAutoscaler")
+            if h["metadata"]["labels"]["glm-operator.dev/pool"] == "long-context"]
+    if expected is None:
+        assert hpas == []
+        return
+    (hpa,) = hpas
+    spec = hpa["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"],
+            spec["metrics"][0]["pods"]["target"]["averageValue"]) == expected
+
+
+def test_wake_timeout_follows_the_pools_planned_load_time() -> None:
+    from glm_operator.render.long_context import WAKE_MARGIN_SECONDS
+
+    timeouts = []
+    for size in (5 * 2**30, 60 * 2**30):
+        mv = model_version("gguf", sizeBytes=size)
+        svc = service("llamacpp", "a100x2",
+                      longContext={"enabled": True, "contextLength": 65536})
+        main, lc = by_kind(render_service(inputs(svc, mv)), "Deployment")
+        probe = container(lc, "engine")["startupProbe"]
+        allowance = probe["periodSeconds"] * probe["failureThreshold"]
+        timeout = int(arg(container(main, "gateway"), "--wake-timeout"))
+        assert abs(allowance - (timeout - WAKE_MARGIN_SECONDS)) < probe["periodSeconds"]
+        timeouts.append(timeout)
+    assert timeouts[0] < timeouts[1]
+    assert timeouts[1] > 700  # 60 GiB at the default 100 MiB/s: no fixed 300 s
 
 
 def test_no_api_access_without_long_context() -> None:
@@ -376,6 +448,11 @@ def test_gateway_args_parse_with_the_gateways_own_parser() -> None:
     lc_parsed = gateway_config.from_args(
         parser.parse_args(container(lc, "gateway")["args"][1:]))
     assert lc_parsed.pool == "long-context" and lc_parsed.wake is None
+    for parsed_config in (parsed, lc_parsed):
+        assert parsed_config.activity is not None
+        assert parsed_config.activity.lease == "chat-lc"
+        assert parsed_config.activity.namespace == "models"
+    assert parsed.wake.timeout_seconds > 300
 
 
 @pytest.mark.parametrize(("rate_limit", "expected"), [

@@ -51,6 +51,11 @@ into the model and fetch pods by name).
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
   verbs: [get, create, patch, delete]
+# The long-context pool's activity Lease: applied, read when its idle deadline passes,
+# never watched; patch is handed to the gateways' Roles (they renew it).
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, patch, delete]
 # Canary traffic split (when Istio is installed).
 - apiGroups: [networking.istio.io]
   resources: [virtualservices, destinationrules]

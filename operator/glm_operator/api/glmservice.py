@@ -242,7 +242,9 @@ class LongContext(SpecModel):
     """An overflow pool with a larger context, for prompts the main pool rejects.
 
     The gateway sends a request the engine refuses for context size here, waking the pool
-    from zero; it goes back to zero after idleSeconds without traffic.
+    from zero (0 -> 1); the pool's own HPA adds replicas up to maxReplicas on queued long
+    requests (1 -> N); the operator scales it back to zero after idleSeconds without a long
+    request (N -> 0), from an activity Lease its gateways renew (docs/autoscaling.md).
     """
 
     model_config = {
@@ -270,11 +272,22 @@ class LongContext(SpecModel):
         description="Context of the pool; must exceed spec.contextLength.",
     )
     concurrency: int = Field(default=1, ge=1, le=64, description="Concurrent requests per replica.")
-    min_replicas: int = Field(default=0, ge=0, le=100, description="0 lets the pool sleep.")
-    max_replicas: int = Field(default=1, ge=1, le=100, description="Upper bound.")
+    min_replicas: int = Field(
+        default=0, ge=0, le=100,
+        description="0 lets the pool sleep: it wakes on the first long request and goes back "
+        "to zero after idleSeconds without one. 1 or more keeps that many always running.")
+    max_replicas: int = Field(
+        default=1, ge=1, le=100,
+        description="Upper bound; above max(1, minReplicas) the pool gets its own HPA on "
+        "queued long requests.")
     idle_seconds: int = Field(
-        default=600, ge=30, le=86400, description="Scale to minReplicas after this long idle."
-    )
+        default=600, ge=30, le=86400,
+        description="With minReplicas 0: seconds without a long request after which the "
+        "operator scales the pool to zero.")
+    queue_length: int = Field(
+        default=1, ge=1, le=1000,
+        description="The pool's HPA target: long requests waiting per replica (beyond its "
+        "concurrency) above which it adds a replica.")
     accelerator: Accelerator | None = Field(
         default=None, description="Accelerator per replica; spec.accelerator when unset."
     )

@@ -209,6 +209,13 @@ class PoolStatus(StatusModel):
     replicas: int = Field(default=0, ge=0)
     ready_replicas: int = Field(default=0, ge=0)
     endpoint: str | None = None
+    last_activity_time: datetime | None = Field(
+        default=None, description="The last long request seen (the pool's activity Lease), or "
+        "when the operator saw the pool wake, whichever is later; as of its last check.")
+    scale_to_zero_time: datetime | None = Field(
+        default=None, description="When the operator scales the awake pool to zero unless a "
+        "long request comes first (it checks the activity Lease again then); absent while "
+        "the pool sleeps or when minReplicas keeps it up.")
 
 
 class GLMServiceStatus(StatusModel):

@@ -34,15 +34,17 @@ from glm_operator.controllers.drift import (
     with_intent_hash,
 )
 from glm_operator.controllers.key_queue import KeyQueue
+from glm_operator.controllers.long_context import ActivityReading
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
 from glm_operator.controllers.rollout import analysis_window, gates
-from glm_operator.controllers.service_state import decide_service
+from glm_operator.controllers.service_state import decide_service, long_context_reading_due
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.keda import SCALED_OBJECT_CRD
+from glm_operator.render.long_context import activity_lease_name
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL, label_value
 from glm_operator.render.service import Capabilities
 from glm_operator.wellknown import GROUP, MANAGED_BY_LABEL, PROMOTE_ANNOTATION, VERSION
@@ -57,20 +59,26 @@ SERVICE_CRD_CHILDREN = (
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
 )
-# Children whose CRDs may be missing, or come and go (Istio, the Prometheus Operator). They
-# are not watched: kopf stops the whole operator when a watched resource's CRD is deleted.
-# The operator remembers what it applied, reads them only when its intent changed, and
-# reads them again at every resync to undo edits and deletions.
+# Children that are not watched: those whose CRDs may be missing, or come and go (Istio,
+# the Prometheus Operator, KEDA; kopf stops the whole operator when a watched resource's CRD is
+# deleted), and the long-context activity Lease (watching Leases would stream every node's
+# heartbeat to the operator; its renewals are read only when an idle deadline passes). The
+# operator remembers what it applied, reads them only when its intent changed, and reads
+# them again at every resync to undo edits and deletions.
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 OPTIONAL_CHILD_KINDS = frozenset({
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("networking.istio.io/v1", "VirtualService"),
     ("networking.istio.io/v1", "DestinationRule"),
     SCALED_OBJECT,
+    ("coordination.k8s.io/v1", "Lease"),
 })
 # Applied after the watched children are pruned: KEDA's admission webhook refuses a
 # ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
 APPLIED_AFTER_PRUNE = frozenset({SCALED_OBJECT})
+# Writes replicas of an idle long-context pool (scale subresource), apart from the applied
+# intent, which never holds that pool's replicas.
+IDLE_FIELD_MANAGER = "glm-operator-idle"
 # Every kind render_model_version makes: one not indexed here would look missing at every
 # reconcile, and be applied again each time.
 MODEL_VERSION_CHILDREN = (
@@ -458,13 +466,21 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
             capabilities = rt.capabilities()
             if capabilities.keda:
                 discover_scaled_objects(rt.kube, body["metadata"]["uid"], namespace, name)
+            activity = (_read_activity(rt.kube, namespace, name)
+                        if long_context_reading_due(body, children, now) else None)
             decision = decide_service(
                 body, _model_versions_of(body, indexes["modelversions"], namespace), children,
                 rt.config, rt.profiles, capabilities, now=now,
-                analysis=_canary_analysis(rt.config, body, now))
+                analysis=_canary_analysis(rt.config, body, now),
+                long_context_activity=activity)
             corrected: list[str] = []
             _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
                            decision.retained, corrected)
+            for deployment, resource_version in decision.scale_to_zero:
+                rt.kube.scale("apps/v1", "Deployment", namespace, deployment, 0,
+                              resource_version, IDLE_FIELD_MANAGER)
+                metrics.CHILD_WRITES.labels(kind="Deployment", action="scale-to-zero").inc()
+                log.info("long-context pool %s/%s idle: scaled to zero", namespace, deployment)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
             old_status = GLMServiceStatus.model_validate(body.get("status") or {}).model_dump(
                 by_alias=True, mode="json", exclude_none=True)
@@ -486,6 +502,12 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 return
             raise kopf.TemporaryError(f"API error: {exc}", delay=5) from exc
         metrics.RECONCILES.labels("GLMService", "ok").inc()
+
+
+def _read_activity(kube: KubeClient, namespace: str, service: str) -> ActivityReading:
+    lease = kube.get("coordination.k8s.io/v1", "Lease", namespace, activity_lease_name(service))
+    renewed = ((lease or {}).get("spec") or {}).get("renewTime")
+    return ActivityReading(datetime.fromisoformat(renewed) if renewed else None)
 
 
 def _write_status(kube: KubeClient, body: Obj, status: Obj, patch: Obj) -> None:

@@ -39,6 +39,11 @@ from glm_operator.api.glmservice import Autoscaling, GLMServiceSpec
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import rollout as rollouts
+from glm_operator.controllers.long_context import (
+    ActivityReading,
+    decide_idle,
+    needs_reading,
+)
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
 from glm_operator.planning.planner import Plan, PlanInputError, plan
@@ -90,7 +95,9 @@ class ServiceDecision:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     # Live children to leave as they are: a serving version that cannot be rendered.
     retained: frozenset[tuple[str, str]] = frozenset()
-    requeue_after: float | None = None  # seconds until the rollout needs another look
+    requeue_after: float | None = None  # seconds until the rollout or idle check looks again
+    # Long-context Deployments to scale to zero now, idle: (name, resourceVersion decided on).
+    scale_to_zero: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -280,6 +287,22 @@ class _Render:
     autoscaler: bool = True
 
 
+def _awake(deployments: Sequence[Obj]) -> list[Obj]:
+    return [d for d in deployments if int(d.get("spec", {}).get("replicas") or 0) > 0]
+
+
+def long_context_reading_due(service_body: Mapping[str, Any], live_children: Sequence[Obj],
+                             now: datetime) -> bool:
+    """Whether the long-context pool's idle deadline has passed: read its activity Lease
+    before deciding (the only read a reconcile makes, once per idle period)."""
+    spec = (service_body.get("spec") or {}).get("longContext")
+    if not spec or not spec.get("enabled"):
+        return False
+    service = GLMService.model_validate(service_body)
+    awake = bool(_awake(_pool_deployments(live_children, None, LONG_CONTEXT_POOL)))
+    return needs_reading(service.spec.long_context, awake, service.status.long_context, now)
+
+
 def decide_service(
     service_body: Mapping[str, Any],
     model_versions: Mapping[str, Obj],
@@ -289,6 +312,7 @@ def decide_service(
     capabilities: Capabilities,
     now: datetime | None = None,
     analysis: AnalysisResult | None = None,
+    long_context_activity: ActivityReading | None = None,
 ) -> ServiceDecision:
     service = GLMService.model_validate(service_body)
     now = now or datetime.now(UTC)
@@ -460,12 +484,26 @@ def decide_service(
 
     long_context = None
     lc_deployments = _pool_deployments(live_children, None, LONG_CONTEXT_POOL)
+    awake = _awake(lc_deployments)
+    idle = decide_idle(service.spec.long_context, bool(awake), previous.long_context,
+                       long_context_activity, now)
+    scale_to_zero: tuple[tuple[str, str], ...] = ()
+    if idle.sleep:
+        scale_to_zero = tuple((d["metadata"]["name"], d["metadata"].get("resourceVersion", ""))
+                              for d in awake)
+        assert service.spec.long_context is not None
+        events.append(("Normal", "LongContextIdle",
+                       f"no long request for {service.spec.long_context.idle_seconds} s (last "
+                       f"{idle.last_activity:%Y-%m-%dT%H:%M:%SZ}): scaling the long-context "
+                       "pool to zero"))
     if service.spec.long_context and service.spec.long_context.enabled:
         long_context = PoolStatus(
             replicas=sum(d.get("status", {}).get("replicas", 0) for d in lc_deployments),
             ready_replicas=sum(d.get("status", {}).get("readyReplicas", 0)
                                for d in lc_deployments),
             endpoint=_endpoint(service, config, LONG_CONTEXT_POOL),
+            last_activity_time=idle.last_activity,
+            scale_to_zero_time=idle.scale_to_zero_time,
         )
 
     if new_stable == wanted_version:
@@ -490,9 +528,12 @@ def decide_service(
         rollout_history=history[:HISTORY_LIMIT] or None,
         long_context=long_context,
     )
+    requeues = [t for t in (decision.requeue_after if decision else None, idle.requeue_after)
+                if t is not None]
     return ServiceDecision(desired=desired, status=status, events=events,
                            retained=frozenset(retained),
-                           requeue_after=decision.requeue_after if decision else None)
+                           requeue_after=min(requeues) if requeues else None,
+                           scale_to_zero=scale_to_zero)
 
 
 def _version_children(children: Sequence[Obj], version: str) -> set[tuple[str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -66,6 +67,19 @@ def split_address(address: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class ActivityConfig:
+    """The long-context pool's activity Lease: renewed by that pool's gateways while they
+    serve, and by a main-pool gateway when it wakes the pool (docs/autoscaling.md)."""
+
+    lease: str
+    namespace: str
+    api_server: str
+    token_path: Path
+    ca_path: Path | None
+    identity: str  # written as the Lease's holderIdentity: the pod that saw the request
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     engine_url: str
     service_name: str
@@ -77,6 +91,7 @@ class GatewayConfig:
     engine_slots: int = 0  # 0: unknown, queued gauge counts only gateway-held requests
     long_context_url: str | None = None
     wake: WakeConfig | None = None
+    activity: ActivityConfig | None = None
     api_keys_path: Path | None = None
     rate_limit_rps: float = 0.0  # per key; 0 disables
     rate_limit_burst: int = 0  # 0: max(1, ceil(rps))
@@ -158,11 +173,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="path polled on the long-context URL while it wakes "
              "[GLM_GATEWAY_LONG_CONTEXT_HEALTH_PATH]")
     add("--wake-timeout", type=float, default=float(_env("WAKE_TIMEOUT", "300")),
-        help="seconds a long request waits for the long-context pool [GLM_GATEWAY_WAKE_TIMEOUT]")
+        help="seconds a long request waits for the long-context pool; the operator sets it "
+             "from the pool's planned load time [GLM_GATEWAY_WAKE_TIMEOUT]")
+    add("--activity-lease", default=_env("ACTIVITY_LEASE") or None,
+        help="the long-context pool's activity Lease: renewed while this long-context gateway "
+             "serves, or when this main-pool gateway wakes the pool [GLM_GATEWAY_ACTIVITY_LEASE]")
     add("--namespace", default=_env("NAMESPACE") or _default_namespace(),
-        help="namespace of the long-context Deployment [GLM_GATEWAY_NAMESPACE]")
+        help="namespace of the long-context Deployment and its activity Lease "
+             "[GLM_GATEWAY_NAMESPACE]")
     add("--kube-api-server", default=_env("KUBE_API_SERVER") or _default_api_server(),
-        help="API server URL for the scale call [GLM_GATEWAY_KUBE_API_SERVER]")
+        help="API server URL for the scale and Lease calls [GLM_GATEWAY_KUBE_API_SERVER]")
     add("--kube-token-path", type=Path,
         default=Path(_env("KUBE_TOKEN_PATH", str(SERVICE_ACCOUNT_DIR / "token"))),
         help="ServiceAccount token file, re-read on each call [GLM_GATEWAY_KUBE_TOKEN_PATH]")
@@ -246,6 +266,16 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
             on_unavailable=args.rate_limit_store_unavailable,
             timeout_seconds=args.rate_limit_store_timeout,
         )
+    activity = None
+    if args.activity_lease:
+        activity = ActivityConfig(
+            lease=args.activity_lease,
+            namespace=args.namespace,
+            api_server=args.kube_api_server.rstrip("/"),
+            token_path=args.kube_token_path,
+            ca_path=Path(args.kube_ca_path) if args.kube_ca_path else None,
+            identity=socket.gethostname(),  # the pod's name in Kubernetes
+        )
     return GatewayConfig(
         engine_url=args.engine_url.rstrip("/"),
         service_name=args.service_name,
@@ -257,6 +287,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         engine_slots=args.engine_slots,
         long_context_url=args.long_context_url.rstrip("/") if args.long_context_url else None,
         wake=wake,
+        activity=activity,
         api_keys_path=args.api_keys,
         rate_limit_rps=args.rate_limit_rps,
         rate_limit_burst=args.rate_limit_burst,

@@ -25,6 +25,7 @@ from aiohttp.http_writer import StreamWriter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from glm_operator.gateway import errors
+from glm_operator.gateway.activity import ActivityMarker, renew_logged
 from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.errors import GatewayError
@@ -44,6 +45,7 @@ from glm_operator.gateway.relay import (
 from glm_operator.gateway.usage import context_overflow, token_counts
 from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
 from glm_operator.gateway.wake import LongContextWaker, WakeError
+from glm_operator.kube.activity import ActivityLease, LeaseRef
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +78,11 @@ class Gateway:
         self.started_at = int(time.time())
         self._session: aiohttp.ClientSession | None = None
         self._waker: LongContextWaker | None = None
+        self.activity: ActivityMarker | None = None  # long-context pool: renews its Lease
         self._warmup_task: asyncio.Task[None] | None = None
         self._kv_cache_task: asyncio.Task[None] | None = None
         self._limits_task: asyncio.Task[None] | None = None
+        self._activity_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
         # Streamed requests to this pod's engine go through the transport-level relay.
@@ -118,10 +122,19 @@ class Gateway:
             connector=connector, timeout=timeout, auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
+        lease = None
+        if self.config.activity is not None:
+            a = self.config.activity
+            lease = ActivityLease(LeaseRef(a.api_server, a.namespace, a.lease), a.identity,
+                                  a.token_path, a.ca_path, self._session)
+            if self.config.pool == "long-context":
+                self.activity = ActivityMarker(lease)
+                self._activity_task = asyncio.create_task(self.activity.run())
         if self.config.wake is not None and self.config.long_context_url:
             self._waker = LongContextWaker(
                 self.config.wake, self.config.long_context_url, self._session,
                 on_scale=self.metrics.wakes.labels(**self.metrics.labels).inc,
+                mark_activity=(lambda: renew_logged(lease)) if lease is not None else None,
             )
         self._warmup_task = asyncio.create_task(self._warm_up())
         if self.config.kv_cache_poll_seconds > 0:
@@ -137,7 +150,8 @@ class Gateway:
         self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(usage)
 
     async def _stop(self, _app: web.Application) -> None:
-        for task in (self._warmup_task, self._kv_cache_task, self._limits_task):
+        for task in (self._warmup_task, self._kv_cache_task, self._limits_task,
+                     self._activity_task):
             if task is not None:
                 task.cancel()
         if self._session is not None:
@@ -354,6 +368,8 @@ class Gateway:
                                               self._engine_address)
         self._at_engine += 1
         self._set_queued()
+        if self.activity is not None:
+            self.activity.begin()
         try:
             async with await self._post(self.config.engine_url + path, parsed.body,
                                         {"Content-Type": JSON}) as upstream:
@@ -367,6 +383,8 @@ class Gateway:
         finally:
             self._at_engine -= 1
             self._set_queued()
+            if self.activity is not None:
+                self.activity.end()
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 

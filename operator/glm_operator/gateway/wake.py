@@ -1,8 +1,10 @@
 """Wake the long-context pool from zero.
 
-The gateway's only API call is setting the long-context Deployment's replicas from 0 to 1
-through its scale subresource (`glm_operator.kube.scale`, with the pod's own token); then it
-polls the pool's health until it answers or the wake timeout passes.
+The gateway sets the long-context Deployment's replicas from 0 to 1 through its scale
+subresource (`glm_operator.kube.scale`, with the pod's own token), having first renewed the
+pool's activity Lease (so the operator, which puts an idle pool back to sleep, counts the
+wake as activity); then it polls the pool's health until it answers or the wake timeout
+passes (the operator sets it from the pool's planned load time).
 
 Many overflowing requests at once share one wake: the first starts it, the rest await it.
 Requests that fit the main pool never touch this.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -29,11 +31,13 @@ class WakeError(RuntimeError):
 
 class LongContextWaker:
     def __init__(self, config: WakeConfig, pool_url: str, session: aiohttp.ClientSession,
-                 on_scale: Callable[[], None] = lambda: None) -> None:
+                 on_scale: Callable[[], None] = lambda: None,
+                 mark_activity: Callable[[], Awaitable[object]] | None = None) -> None:
         self._config = config
         self._pool_url = pool_url
         self._session = session
         self._on_scale = on_scale
+        self._mark_activity = mark_activity
         self._task: asyncio.Task[None] | None = None
         self._scale = DeploymentScale(
             DeploymentRef(config.api_server, config.namespace, config.deployment),
@@ -54,6 +58,8 @@ class LongContextWaker:
         try:
             if await self._scale.replicas() > 0:
                 return False
+            if self._mark_activity is not None:  # never fails: a failure is logged
+                await self._mark_activity()
             await self._scale.set_replicas(1)
         except ScaleError as exc:
             raise WakeError(str(exc)) from None

@@ -195,6 +195,20 @@ class KubeClient:
             body=dict(patch), content_type="application/merge-patch+json",
         )
 
+    def scale(self, api_version: str, kind: str, namespace: str, name: str, replicas: int,
+              resource_version: str | None, field_manager: str) -> Obj:
+        """Set replicas through the scale subresource (the way an HPA does), guarded by the
+        resourceVersion the decision was made from (409 when the object moved since)."""
+        resource = kind_of(api_version, kind)
+        patch: Obj = {"spec": {"replicas": replicas}}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        return self._call(
+            "patch", resource, resource.path(namespace, name, "scale"), body=patch,
+            query=[("fieldManager", field_manager)],
+            content_type="application/merge-patch+json",
+        )
+
     def create(self, obj: Mapping[str, Any], field_manager: str = FIELD_MANAGER) -> Obj:
         resource = kind_for(dict(obj))
         return self._call("create", resource, resource.path(obj["metadata"].get("namespace")),

@@ -33,6 +33,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from glm_operator.kube.client import KubeClient, KubeError
+from glm_operator.kube.pod_api import micro_time
 
 API_VERSION = "coordination.k8s.io/v1"
 KIND = "Lease"
@@ -68,11 +69,6 @@ class LeaseSettings:
                 "leader election needs retry period < renew deadline < lease duration (got "
                 f"{self.retry_period}s, {self.renew_deadline}s, {self.lease_duration}s): the "
                 "leader must give up before a follower may take over")
-
-
-def micro_time(moment: datetime) -> str:
-    """A Kubernetes MicroTime: RFC 3339 in UTC with microseconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _utcnow() -> datetime:

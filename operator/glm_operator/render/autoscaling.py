@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from glm_operator.api.glmservice import Autoscaling, ScalingRules
+from glm_operator.api.glmservice import Autoscaling, LongContext, ScalingRules
 from glm_operator.planning.planner import Plan
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
@@ -20,6 +20,7 @@ from glm_operator.render.quantity import decimal_quantity
 from glm_operator.render.scaling_metrics import (
     ACCELERATOR_MEMORY_UTILIZATION,
     KV_CACHE_UTILIZATION,
+    QUEUE_LENGTH,
     SIGNALS,
 )
 
@@ -174,4 +175,37 @@ def build_hpa(
         max_replicas=autoscaling.max_replicas,
         metrics=metrics,
         behavior=hpa_behavior(autoscaling),
+    )
+
+
+def long_context_hpa_wanted(long_context: LongContext) -> bool:
+    """The pool's own HPA exists when it may grow beyond one replica (or minReplicas)."""
+    return long_context.enabled and long_context.max_replicas > max(1, long_context.min_replicas)
+
+
+def build_long_context_hpa(
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    owner: dict[str, Any] | None,
+    target_deployment: str,
+    long_context: LongContext,
+) -> dict[str, Any]:
+    """1 -> N for the long-context pool, on its queued long requests.
+
+    minReplicas is at least 1 (0 needs the HPAScaleToZero alpha gate): a pool asleep at 0
+    replicas is left alone by the HPA controller (ScalingActive=False, ScalingDisabled), so the
+    gateway's wake (0 -> 1) and the operator's sleep (N -> 0) never fight it. The slow-start
+    behaviour defaults apply; the main pool's overrides do not (another pool, other loads).
+    """
+    return render_object(
+        "horizontalpodautoscaler.yaml.j2",
+        metadata=object_meta(name, namespace, labels, owner),
+        target=target_deployment,
+        min_replicas=max(1, long_context.min_replicas),
+        max_replicas=long_context.max_replicas,
+        metrics=[_pods_metric(QUEUE_LENGTH.hpa_metric,
+                              decimal_quantity(long_context.queue_length))],
+        behavior={"scaleUp": _rules(_DEFAULT_SCALE_UP, None),
+                  "scaleDown": _rules(_DEFAULT_SCALE_DOWN, None)},
     )

@@ -81,6 +81,10 @@ class PoolContext:
     # The long-context pool as the main pool's gateway sees it (None: no overflow pool).
     long_context_url: str | None = None
     long_context_deployment: str | None = None
+    wake_timeout_seconds: int | None = None  # how long a long request waits for the wake
+    # The long-context pool's activity Lease: the main pool's gateway renews it when it
+    # wakes the pool, the long-context pool's gateways while they serve.
+    activity_lease: str | None = None
     service_account: str | None = None
     # Replicas chosen by a rollout (a canary sized to its weight); None: from the spec.
     replicas: ReplicaPolicy | None = None
@@ -379,6 +383,10 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
     if ctx.long_context_url and ctx.long_context_deployment:
         args += ["--long-context-url", ctx.long_context_url,
                  "--long-context-deployment", ctx.long_context_deployment]
+        if ctx.wake_timeout_seconds is not None:
+            args += ["--wake-timeout", str(ctx.wake_timeout_seconds)]
+    if ctx.activity_lease:
+        args += ["--activity-lease", ctx.activity_lease]
     mounts: list[dict[str, Any]] = [{"name": "gateway-tmp", "mountPath": "/tmp"}]
     if gw.api_keys_secret:
         args += ["--api-keys", API_KEYS_MOUNT]
@@ -450,7 +458,8 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if ctx.service_account:
         spec["serviceAccountName"] = ctx.service_account
-    # Only a gateway that wakes the long-context pool talks to the API server.
+    # Only gateways that wake the long-context pool or mark its activity talk to the API
+    # server.
     spec["automountServiceAccountToken"] = bool(ctx.service_account)
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
     spec["securityContext"] = pod_security_context(ctx.config)

@@ -1,7 +1,8 @@
 """ServiceAccount, Role and RoleBinding builders: one narrow Role per need.
 
-The gateway may scale exactly one Deployment (its long-context pool); the fetch Job may
-write exactly one ModelVersion's status. Nothing else.
+The main pool's gateway may scale exactly one Deployment (its long-context pool) and renew
+one Lease (the pool's activity mark); the long-context pool's gateway may renew that Lease
+and nothing else; the fetch Job may write exactly one ModelVersion's status.
 """
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def scale_rules(deployment: str) -> list[dict[str, Any]]:
         "resources": ["deployments/scale"],
         "resourceNames": [deployment],
         "verbs": ["get", "patch"],
+    }]
+
+
+def activity_lease_rules(lease: str) -> list[dict[str, Any]]:
+    """What marking long-context activity does: a merge patch of one Lease's renewTime."""
+    return [{
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": [lease],
+        "verbs": ["patch"],
     }]
 
 

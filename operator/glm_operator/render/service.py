@@ -1,8 +1,10 @@
 """Every child of one GLMService at one model version: the entry point controllers call.
 
     render_service(ServiceInputs(...)) -> [Deployment main, (Deployment long-context),
-        Service main, (Service long-context), (HPA or KEDA ScaledObject), (ServiceMonitor),
-        (ServiceAccount, Role, RoleBinding for the gateway's wake-up)]
+        Service main, (Service long-context), (HPA or KEDA ScaledObject),
+        (long-context HPA), (ServiceMonitor),
+        (ServiceAccount, Role, RoleBinding for the gateway's wake-up),
+        (the long-context activity Lease; ServiceAccount, Role, RoleBinding to renew it)]
 
 Pure: validated API objects and plans in, plain dicts out, in a fixed order. Children that
 belong to the service as a whole (Services, ServiceMonitor, gateway ServiceAccount) carry no
@@ -18,7 +20,12 @@ from glm_operator.api.glmservice import GLMService, Scaler
 from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig
 from glm_operator.planning.planner import Plan
-from glm_operator.render.autoscaling import build_hpa, unusable_targets
+from glm_operator.render.autoscaling import (
+    build_hpa,
+    build_long_context_hpa,
+    long_context_hpa_wanted,
+    unusable_targets,
+)
 from glm_operator.render.deployment import (
     ENGINE_COMPONENT,
     LONG_CONTEXT_POOL,
@@ -28,6 +35,11 @@ from glm_operator.render.deployment import (
 )
 from glm_operator.render.environment import render_object
 from glm_operator.render.keda import build_scaled_object, prometheus_triggers
+from glm_operator.render.long_context import (
+    activity_lease_name,
+    build_activity_lease,
+    wake_timeout_seconds,
+)
 from glm_operator.render.meta import object_meta, owner_reference
 from glm_operator.render.monitoring import build_service_monitor
 from glm_operator.render.names import (
@@ -43,8 +55,10 @@ from glm_operator.render.pod import (
     PoolContext,
     RenderInputError,
     ReplicaPolicy,
+    startup_seconds,
 )
 from glm_operator.render.rbac import (
+    activity_lease_rules,
     build_role,
     build_role_binding,
     build_service_account,
@@ -105,6 +119,10 @@ def gateway_service_account_name(service: str) -> str:
     return dns_name(service, "gateway")
 
 
+def long_context_gateway_service_account_name(service: str) -> str:
+    return dns_name(service, "lc-gateway")
+
+
 def service_url(name: str, namespace: str, config: OperatorConfig) -> str:
     return f"http://{name}.{namespace}.svc.{config.cluster_domain}:{config.gateway_port}"
 
@@ -160,22 +178,30 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
 
     lc_deployment = deployment_name(name, version, LONG_CONTEXT_POOL)
     gateway_sa = gateway_service_account_name(name) if lc_plan is not None else None
+    lc_gateway_sa = (long_context_gateway_service_account_name(name)
+                     if lc_plan is not None else None)
+    lease = activity_lease_name(name) if lc_plan is not None else None
+    lc_pool = None
+    if lc_plan is not None:
+        lc_pool = PoolContext(
+            service=svc, model_version=inputs.model_version, plan=lc_plan, config=config,
+            pool=LONG_CONTEXT_POOL, namespace=namespace, activity_lease=lease,
+            service_account=lc_gateway_sa)
     main = PoolContext(
         service=svc, model_version=inputs.model_version, plan=inputs.plan, config=config,
         pool=MAIN_POOL, namespace=namespace,
         long_context_url=(service_url(long_context_service_name(name), namespace, config)
                           if lc_plan is not None else None),
         long_context_deployment=lc_deployment if lc_plan is not None else None,
+        wake_timeout_seconds=(wake_timeout_seconds(startup_seconds(lc_pool))
+                              if lc_pool is not None else None),
+        activity_lease=lease,
         service_account=gateway_sa,
         replicas=inputs.main_replicas,
     )
     objects = [build_deployment(main, owner)]
-    if lc_plan is not None:
-        objects.append(build_deployment(
-            PoolContext(service=svc, model_version=inputs.model_version, plan=lc_plan,
-                        config=config, pool=LONG_CONTEXT_POOL, namespace=namespace),
-            owner,
-        ))
+    if lc_pool is not None:
+        objects.append(build_deployment(lc_pool, owner))
     objects.append(build_service(main_service_name(name), namespace, name, MAIN_POOL, owner,
                                  config))
     if lc_plan is not None:
@@ -186,22 +212,38 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     version_labels[VERSION_LABEL] = label_value(version)
     if svc.spec.autoscaling is not None and inputs.with_autoscaler:
         objects += _main_autoscaler(inputs, name, namespace, version, version_labels, owner)
+    lc_spec = svc.spec.long_context
+    if lc_pool is not None and lc_spec is not None and long_context_hpa_wanted(lc_spec):
+        objects.append(build_long_context_hpa(
+            lc_deployment, namespace, {**version_labels, POOL_LABEL: LONG_CONTEXT_POOL}, owner,
+            lc_deployment, lc_spec))
     if inputs.capabilities.service_monitor:
         objects.append(build_service_monitor(
             dns_name(name), namespace, common_labels(name, "monitoring"), owner,
             {SERVICE_LABEL: label_value(name), "app.kubernetes.io/component": "endpoint"},
             GATEWAY_PORT_NAME,
         ))
-    if gateway_sa is not None:
+    if gateway_sa is not None and lc_gateway_sa is not None and lease is not None:
+        assert lc_spec is not None
         sa_labels = common_labels(name, "gateway")
         role = dns_name(name, version, "lc-scaler")
         objects += [
             build_service_account(gateway_sa, namespace, sa_labels, owner),
             build_role(role, namespace, {**sa_labels, VERSION_LABEL: label_value(version)},
-                       owner, scale_rules(lc_deployment)),
+                       owner, [*scale_rules(lc_deployment), *activity_lease_rules(lease)]),
             build_role_binding(role, namespace,
                                {**sa_labels, VERSION_LABEL: label_value(version)}, owner,
                                role, gateway_sa),
+        ]
+        # Shared by every version: one Lease per service, renewed by every pool's gateways.
+        lease_labels = {**common_labels(name, "long-context-activity"),
+                        POOL_LABEL: LONG_CONTEXT_POOL}
+        lc_role = dns_name(name, "lc-activity")
+        objects += [
+            build_activity_lease(lease, namespace, lease_labels, owner, lc_spec.idle_seconds),
+            build_service_account(lc_gateway_sa, namespace, sa_labels, owner),
+            build_role(lc_role, namespace, sa_labels, owner, activity_lease_rules(lease)),
+            build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
     return objects
 
