@@ -28,10 +28,11 @@ class GatewayProcess:
     @classmethod
     def start(cls, engine_url: str, log_dir: Path, args: Sequence[str] = (),
               service_name: str = "glm-test", wait_ready: bool = True,
-              timeout: float = 60.0, env: Mapping[str, str] | None = None
-              ) -> GatewayProcess:
-        """`env`: added to this process's environment (secrets the gateway reads only there)."""
-        port = free_port()
+              timeout: float = 60.0, env: Mapping[str, str] | None = None,
+              port: int | None = None) -> GatewayProcess:
+        """`env`: added to this process's environment (secrets the gateway reads only there);
+        `port`: a fixed port (a URL given to another gateway beforehand), else a free one."""
+        port = port or free_port()
         argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--host", "127.0.0.1",
                 "--port", str(port), "--engine-url", engine_url, "--service-name", service_name,
                 *args]
