@@ -151,6 +151,44 @@ def base_config(engine_url: str, **changes: Any) -> GatewayConfig:
                                  model_version="v1"), **changes)
 
 
+def activity_config(api_server: TestServer, token: Path, lease: str = "glm-lc"
+                    ) -> ActivityConfig:
+    return ActivityConfig(lease=lease, namespace="ns",
+                          api_server=str(api_server.make_url("")).rstrip("/"),
+                          token_path=token, ca_path=None, identity="pod-a")
+
+
+@dataclass
+class WakeScene:
+    """A main gateway in front of `engine` that wakes a fake long-context pool through a
+    fake API server, and marks the wake on the Lease `lease`."""
+
+    api: FakeScaleApi
+    long_engine: FakeEngine
+    client: TestClient[web.Request, web.Application]
+    servers: list[TestServer]
+
+    @classmethod
+    async def start(cls, url: str, tmp_path: Path, lease: str = "glm-lc",
+                    ready: asyncio.Event | None = None) -> WakeScene:
+        long_engine = FakeEngine(n_ctx=10_000, name="long", ready=ready)
+        api = FakeScaleApi(token="t", deployment="glm-v1-long")
+        long_server, api_server = await serve(long_engine.app()), await serve(api.app())
+        token = tmp_path / "token"
+        token.write_text("t")
+        wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
+                          api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
+                          ca_path=None, timeout_seconds=10, poll_seconds=0.05)
+        config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
+                             wake=wake, activity=activity_config(api_server, token, lease))
+        return cls(api, long_engine, await gateway_client(config), [long_server, api_server])
+
+    async def close(self) -> None:
+        await self.client.close()
+        for server in self.servers:
+            await server.close()
+
+
 CHAT = {"model": "glm", "messages": [{"role": "user", "content": "hi"}]}
 LONG_CHAT = {"model": "glm", "messages": [{"role": "user", "content": "x" * 400}]}
 
@@ -205,17 +243,8 @@ async def test_overflow_wakes_the_pool_from_zero(engine: tuple[FakeEngine, str],
                                                  tmp_path: Path) -> None:
     main, url = engine
     ready = asyncio.Event()
-    long_engine = FakeEngine(n_ctx=10_000, name="long", ready=ready)
-    api = FakeScaleApi(token="sa-token", deployment="glm-v1-long")
-    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
-    token = tmp_path / "token"
-    token.write_text("sa-token\n")
-    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
-                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
-                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
-    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
-                         wake=wake)
-    client = await gateway_client(config)
+    scene = await WakeScene.start(url, tmp_path, ready=ready)
+    api, long_engine, client = scene.api, scene.long_engine, scene.client
     try:
         # Short requests never wait on the wake.
         assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
@@ -246,33 +275,14 @@ async def test_overflow_wakes_the_pool_from_zero(engine: tuple[FakeEngine, str],
                'service="glm"} 3.0' in metrics
         assert "glm_gateway_long_context_wakes_total" in metrics
     finally:
-        await client.close()
-        await long_server.close()
-        await api_server.close()
+        await scene.close()
     assert len(main.calls) == 5  # 2 short + 3 long ones refused for context size
-
-
-def activity_config(api_server: TestServer, token: Path, lease: str = "glm-lc"
-                    ) -> ActivityConfig:
-    return ActivityConfig(lease=lease, namespace="ns",
-                          api_server=str(api_server.make_url("")).rstrip("/"),
-                          token_path=token, ca_path=None, identity="pod-a")
 
 
 async def test_the_wake_is_marked_as_activity_before_the_scale(
         engine: tuple[FakeEngine, str], tmp_path: Path) -> None:
-    _, url = engine
-    long_engine = FakeEngine(n_ctx=10_000, name="long")
-    api = FakeScaleApi(token="t", deployment="glm-v1-long")
-    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
-    token = tmp_path / "token"
-    token.write_text("t")
-    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
-                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
-                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
-    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
-                         wake=wake, activity=activity_config(api_server, token))
-    client = await gateway_client(config)
+    scene = await WakeScene.start(engine[1], tmp_path)
+    api, long_engine, client = scene.api, scene.long_engine, scene.client
     try:
         for _ in range(3):  # short requests never mark the pool as in use
             assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
@@ -295,25 +305,14 @@ async def test_the_wake_is_marked_as_activity_before_the_scale(
         long_engine.ready.set()
         assert (await pending).status == 200
     finally:
-        await client.close()
-        await long_server.close()
-        await api_server.close()
+        await scene.close()
 
 
 async def test_a_failed_mark_does_not_stop_the_wake(engine: tuple[FakeEngine, str],
                                                     tmp_path: Path) -> None:
-    _, url = engine
-    long_engine = FakeEngine(n_ctx=10_000, name="long", ready=asyncio.Event())
-    api = FakeScaleApi(token="t", deployment="glm-v1-long")
-    long_server, api_server = await serve(long_engine.app()), await serve(api.app())
-    token = tmp_path / "token"
-    token.write_text("t")
-    wake = WakeConfig(deployment="glm-v1-long", namespace="ns",
-                      api_server=str(api_server.make_url("")).rstrip("/"), token_path=token,
-                      ca_path=None, timeout_seconds=10, poll_seconds=0.05)
-    config = base_config(url, long_context_url=str(long_server.make_url("")).rstrip("/"),
-                         wake=wake, activity=activity_config(api_server, token, "not-allowed"))
-    client = await gateway_client(config)
+    scene = await WakeScene.start(engine[1], tmp_path, lease="not-allowed",
+                                  ready=asyncio.Event())
+    api, long_engine, client = scene.api, scene.long_engine, scene.client
     try:
         pending = asyncio.create_task(client.post("/v1/chat/completions", json=LONG_CHAT))
         for _ in range(100):
@@ -324,9 +323,7 @@ async def test_a_failed_mark_does_not_stop_the_wake(engine: tuple[FakeEngine, st
         long_engine.ready.set()  # type: ignore[union-attr]
         assert (await pending).status == 200
     finally:
-        await client.close()
-        await long_server.close()
-        await api_server.close()
+        await scene.close()
 
 
 async def test_the_long_context_gateway_marks_the_requests_it_serves(

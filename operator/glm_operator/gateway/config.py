@@ -8,7 +8,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Pool = Literal["main", "long-context"]
 POOLS: tuple[Pool, ...] = ("main", "long-context")
@@ -243,6 +243,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report ready without a warm-up request [GLM_GATEWAY_WARMUP=false]")
 
 
+def _api_access(args: argparse.Namespace) -> dict[str, Any]:
+    """Where and as whom the gateway calls the API server (the wake, the activity Lease)."""
+    return {"namespace": args.namespace, "api_server": args.kube_api_server.rstrip("/"),
+            "token_path": args.kube_token_path,
+            "ca_path": Path(args.kube_ca_path) if args.kube_ca_path else None}
+
+
 def from_args(args: argparse.Namespace) -> GatewayConfig:
     stops = args.stop if args.stop is not None else [s for s in _env("STOP").split("\n") if s]
     wake = None
@@ -251,10 +258,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
             raise ValueError("--long-context-deployment needs --long-context-url")
         wake = WakeConfig(
             deployment=args.long_context_deployment,
-            namespace=args.namespace,
-            api_server=args.kube_api_server.rstrip("/"),
-            token_path=args.kube_token_path,
-            ca_path=Path(args.kube_ca_path) if args.kube_ca_path else None,
+            **_api_access(args),
             health_path=args.long_context_health_path,
             timeout_seconds=args.wake_timeout,
         )
@@ -269,11 +273,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
     activity = None
     if args.activity_lease:
         activity = ActivityConfig(
-            lease=args.activity_lease,
-            namespace=args.namespace,
-            api_server=args.kube_api_server.rstrip("/"),
-            token_path=args.kube_token_path,
-            ca_path=Path(args.kube_ca_path) if args.kube_ca_path else None,
+            lease=args.activity_lease, **_api_access(args),
             identity=socket.gethostname(),  # the pod's name in Kubernetes
         )
     return GatewayConfig(

@@ -46,25 +46,24 @@ class PodTokenApi:
         token = self._token_path.read_text().strip()
         return {"Authorization": f"Bearer {token}", "Accept": "application/json"}
 
-    async def get(self, path: str) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, data: bytes | None = None,
+                       query: Mapping[str, str] | None = None) -> dict[str, Any]:
         url = self.api_server + path
-        async with self._session.get(url, headers=self._headers(), ssl=self._ssl,
-                                     timeout=self._timeout) as response:
+        headers = self._headers()
+        if data is not None:
+            headers["Content-Type"] = MERGE_PATCH
+        async with self._session.request(method, url, headers=headers, ssl=self._ssl,
+                                         data=data, params=dict(query or {}),
+                                         timeout=self._timeout) as response:
             text = await response.text()
             if response.status != 200:
-                raise ApiCallError(f"GET {url}: HTTP {response.status}: {text[:300]}")
+                raise ApiCallError(f"{method} {url}: HTTP {response.status}: {text[:300]}")
             body: dict[str, Any] = await response.json()
         return body
 
+    async def get(self, path: str) -> dict[str, Any]:
+        return await self._request("GET", path)
+
     async def merge_patch(self, path: str, patch: bytes,
                           query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        url = self.api_server + path
-        headers = {**self._headers(), "Content-Type": MERGE_PATCH}
-        async with self._session.patch(url, headers=headers, ssl=self._ssl, data=patch,
-                                       params=dict(query or {}),
-                                       timeout=self._timeout) as response:
-            text = await response.text()
-            if response.status != 200:
-                raise ApiCallError(f"PATCH {url}: HTTP {response.status}: {text[:300]}")
-            body: dict[str, Any] = await response.json()
-        return body
+        return await self._request("PATCH", path, patch, query)

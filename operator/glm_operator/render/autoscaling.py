@@ -178,6 +178,11 @@ def build_hpa(
     )
 
 
+def _long_context_behavior() -> dict[str, Any]:
+    return {"scaleUp": _rules(_DEFAULT_SCALE_UP, None),
+            "scaleDown": _rules(_DEFAULT_SCALE_DOWN, None)}
+
+
 def long_context_hpa_wanted(long_context: LongContext) -> bool:
     """The pool's own HPA exists when it may grow beyond one replica (or minReplicas)."""
     return long_context.enabled and long_context.max_replicas > max(1, long_context.min_replicas)
@@ -198,14 +203,9 @@ def build_long_context_hpa(
     gateway's wake (0 -> 1) and the operator's sleep (N -> 0) never fight it. The slow-start
     behaviour defaults apply; the main pool's overrides do not (another pool, other loads).
     """
+    metric = _pods_metric(QUEUE_LENGTH.hpa_metric, decimal_quantity(long_context.queue_length))
     return render_object(
-        "horizontalpodautoscaler.yaml.j2",
-        metadata=object_meta(name, namespace, labels, owner),
-        target=target_deployment,
-        min_replicas=max(1, long_context.min_replicas),
-        max_replicas=long_context.max_replicas,
-        metrics=[_pods_metric(QUEUE_LENGTH.hpa_metric,
-                              decimal_quantity(long_context.queue_length))],
-        behavior={"scaleUp": _rules(_DEFAULT_SCALE_UP, None),
-                  "scaleDown": _rules(_DEFAULT_SCALE_DOWN, None)},
-    )
+        "horizontalpodautoscaler.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
+        target=target_deployment, min_replicas=max(1, long_context.min_replicas),
+        max_replicas=long_context.max_replicas, metrics=[metric],
+        behavior=_long_context_behavior())
