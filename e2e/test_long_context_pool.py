@@ -189,9 +189,10 @@ def test_long_context_pool_wakes_on_a_long_request_and_sleeps_when_idle(
     assert hpa["spec"]["scaleTargetRef"]["name"] == lc_name
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 3)
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "glm_gateway_requests_queued"
-    # The operator's applied intent holds no replicas of the pool (created at 0 once, by
-    # another manager): the wake, the HPA and the idle scale-down own them.
-    assert replica_owners(kubectl, namespace, lc_name) == ["glm-operator-initial-replicas"]
+    # Created at 0 and co-owned by another manager from the start: the operator's later
+    # applies (which omit replicas) never reset them; the wake, the HPA and the idle
+    # scale-down set them.
+    assert "glm-operator-initial-replicas" in replica_owners(kubectl, namespace, lc_name)
     # The real HPA controller leaves a Deployment at 0 replicas alone.
 
     def scaling_disabled() -> bool:
@@ -265,6 +266,8 @@ def test_long_context_pool_wakes_on_a_long_request_and_sleeps_when_idle(
         assert reply.usage is not None and reply.usage.prompt_tokens > 1500  # not truncated
         assert not pool.errors, pool.errors
         assert sent - 1 <= pool.events["mark_before_scale"] <= pool.events["scaled"]
+        assert not {"glm-operator", "glm-operator-initial-replicas"} & set(
+            replica_owners(kubectl, namespace, lc_name))  # the wake's now
         marked = utc(kubectl.get_json("lease", lease_name, "-n", namespace)["spec"]["renewTime"])
         woken = glms(kubectl, namespace, name)["status"]["longContext"]
         wait_for(lambda: "scaleToZeroTime" in (glms(kubectl, namespace, name)["status"].get(
@@ -301,6 +304,11 @@ def test_long_context_pool_wakes_on_a_long_request_and_sleeps_when_idle(
         assert state["operator"].metric("glm_operator_child_writes_total",
                                         action="scale-to-zero") == 1
         assert replica_owners(kubectl, namespace, lc_name) == []
+        # Neither the gateways' renewals nor the scale changes were drift to undo: the
+        # restarted operator read the Lease back and left it (and the pool's size) alone.
+        assert state["operator"].metric("glm_operator_child_writes_total", kind="Lease") == 0
+        assert not kubectl.items("events", "-n", namespace,
+                                 "--field-selector", "reason=DriftCorrected")
 
         # Asleep, short requests are still answered, and nothing wakes the pool.
         assert ask(50).choices
