@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
-from glm_operator.gateway.server import Gateway
+from glm_operator.gateway.server import GATEWAY_KEY, Gateway
 
 
 @dataclass
@@ -348,6 +348,10 @@ async def test_the_long_context_gateway_marks_the_requests_it_serves(
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.2)
         assert [kind for kind, _ in api.calls] == ["lease"]  # throttled: one for three
+        assert marker_of(client).renewals == 1
+        stream = await client.post("/v1/chat/completions", json={**LONG_CHAT, "stream": True})
+        assert (await stream.read()).endswith(b"data: [DONE]\n\n")
+        assert marker_of(client).pending_or_in_flight()  # a stream is activity too
         assert (await client.post("/v1/chat/completions", json={"model": "glm"})).status == 400
         await asyncio.sleep(0.1)
         assert len(api.calls) == 1
@@ -355,6 +359,12 @@ async def test_the_long_context_gateway_marks_the_requests_it_serves(
         await client.close()
         await engine_server.close()
         await api_server.close()
+
+
+def marker_of(client: TestClient[web.Request, web.Application]) -> Any:
+    marker = client.server.app[GATEWAY_KEY].activity
+    assert marker is not None
+    return marker
 
 
 async def test_wake_timeout_is_503_with_retry_after(engine: tuple[FakeEngine, str],

@@ -78,6 +78,10 @@ class ActivityMarker:
         self._pending = True
         self._kick.set()
 
+    def pending_or_in_flight(self) -> bool:
+        """Activity not renewed yet: a request in flight, or one ended since the last."""
+        return self._pending or self._in_flight > 0
+
     async def run(self) -> None:
         """The renewal loop; runs until cancelled (the gateway's shutdown)."""
         while True:

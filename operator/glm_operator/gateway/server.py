@@ -332,7 +332,7 @@ class Gateway:
                 if self.audit.include_text:
                     record.prompt = parsed.payload.get("messages" if endpoint == "chat"
                                                        else "prompt")
-                response = await self._forward(request, parsed, path, record, started, rid)
+                response = await self._served(request, parsed, path, record, started, rid)
             except GatewayError as err:
                 record.error_code = err.code
                 response = self._error(err, rid)
@@ -359,6 +359,18 @@ class Gateway:
                             record.prompt_tokens, record.completion_tokens)
         self.audit.write(record)
 
+    async def _served(self, request: web.Request, parsed: ParsedRequest, path: str,
+                      record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
+        """A valid request, answered by the engine: in the long-context pool, activity that
+        keeps the pool awake while it runs (its Lease is renewed, throttled)."""
+        if self.activity is None:
+            return await self._forward(request, parsed, path, record, started, rid)
+        self.activity.begin()
+        try:
+            return await self._forward(request, parsed, path, record, started, rid)
+        finally:
+            self.activity.end()
+
     async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
                        record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
         """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
@@ -368,8 +380,6 @@ class Gateway:
                                               self._engine_address)
         self._at_engine += 1
         self._set_queued()
-        if self.activity is not None:
-            self.activity.begin()
         try:
             async with await self._post(self.config.engine_url + path, parsed.body,
                                         {"Content-Type": JSON}) as upstream:
@@ -383,8 +393,6 @@ class Gateway:
         finally:
             self._at_engine -= 1
             self._set_queued()
-            if self.activity is not None:
-                self.activity.end()
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 
