@@ -439,6 +439,30 @@ _written: dict[Key, tuple[str, str, Obj]] = {}
 _written_lock = threading.Lock()
 
 
+# Long-context Deployments this operator scaled to zero that the watch may not have shown
+# yet: (namespace, name) -> the resourceVersion the scale was guarded by. An index still at
+# that version is stale: without this, the next reconcile would take the pool for newly
+# woken and record a deadline (and a last activity) for a pool that sleeps.
+_scaled_to_zero: dict[Key, str] = {}
+
+
+def _with_own_scales(namespace: str, children: list[Obj]) -> list[Obj]:
+    with _written_lock:
+        if not _scaled_to_zero:
+            return children
+        out = []
+        for child in children:
+            meta = child.get("metadata", {})
+            ref = (namespace, meta.get("name", ""))
+            base = _scaled_to_zero.get(ref) if child.get("kind") == "Deployment" else None
+            if base is not None and meta.get("resourceVersion") == base:
+                child = {**child, "spec": {**child.get("spec", {}), "replicas": 0}}
+            elif base is not None:
+                del _scaled_to_zero[ref]
+            out.append(child)
+        return out
+
+
 def _with_own_writes(key: Key, body: Obj) -> Obj:
     with _written_lock:
         entry = _written.get(key)
@@ -460,7 +484,7 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
         body = _with_own_writes(key, bodies[0])
-        children = _children(indexes, SERVICE_CHILD_INDEXES, key)
+        children = _with_own_scales(namespace, _children(indexes, SERVICE_CHILD_INDEXES, key))
         now = datetime.now(UTC)
         try:
             capabilities = rt.capabilities()
@@ -479,6 +503,8 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
             for deployment, resource_version in decision.scale_to_zero:
                 rt.kube.scale("apps/v1", "Deployment", namespace, deployment, 0,
                               resource_version, IDLE_FIELD_MANAGER)
+                with _written_lock:
+                    _scaled_to_zero[(namespace, deployment)] = resource_version
                 metrics.CHILD_WRITES.labels(kind="Deployment", action="scale-to-zero").inc()
                 log.info("long-context pool %s/%s idle: scaled to zero", namespace, deployment)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
