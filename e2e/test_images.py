@@ -45,6 +45,10 @@ from e2e.kubectl import Kubectl, wait_for
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.operator_fixtures import free_port, glm_crds  # noqa: F401 (fixture)
 
+# The llama.cpp image carries the toolchain's llama-server. A cold run builds three images first
+# (about 7 minutes on a busy two-core machine): more than the suite's 900 s default must fit.
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(1800)]
+
 MODEL_STORE = "model-store"
 MODEL_FILE = "glm/tiny-llama.gguf"
 FS_GROUP = 65532
