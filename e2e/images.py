@@ -303,7 +303,19 @@ def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs:
         str(context)), f"buildah bud {spec.name}", timeout=3600)
     seconds = time.monotonic() - started
     log(f"{spec.reference} built in {seconds:.0f}s")
+    forget_older_builds(store, spec, cache_tag)
     return Built(spec.name, spec.reference, store.image_size(spec.reference), seconds, False)
+
+
+def forget_older_builds(store: Store, spec: ImageSpec, keep: str) -> None:
+    """Drop the image's builds from other inputs: the cache keeps one build per image, not one
+    per change of the sources."""
+    repository = spec.reference.rsplit(":", 1)[0]
+    listed = store.run(store.podman("images", "--format", "{{.Repository}}:{{.Tag}}",
+                                    repository), "podman images").stdout.split()
+    stale = [tag for tag in listed if ":inputs-" in tag and tag != keep]
+    if stale:  # removes the tag only where another tag still holds the image
+        store.run(store.podman("rmi", *stale), "podman rmi", check=False)
 
 
 def llama_cpu_spec() -> ImageSpec:
