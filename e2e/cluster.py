@@ -222,6 +222,89 @@ def _is_zombie(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "kwok-controller")
+
+
+@dataclass(frozen=True)
+class Command:
+    """How kwokctl started one component: enough to start it again the same way."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+
+
+def _pid_file(component: str) -> Path:
+    return cluster_dir() / "pids" / f"{component}.pid"
+
+
+def component_pid(component: str) -> int | None:
+    """The live pid of a component, None when it is not running."""
+    try:
+        pid = int(_pid_file(component).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() and not _is_zombie(pid) else None
+
+
+def component_commands() -> dict[str, Command]:
+    """The command of every running component, read from /proc; taken before a fault so a
+    component that dies of it (a controller that loses its leader lease while the API server
+    is down exits) can be started again."""
+    commands = {}
+    for component in COMPONENTS:
+        pid = component_pid(component)
+        if pid is None:
+            continue
+        proc = Path(f"/proc/{pid}")
+        argv = tuple(part.decode() for part in (proc / "cmdline").read_bytes().split(b"\0")
+                     if part)
+        if str(cluster_dir()) not in " ".join(argv):
+            raise ClusterError(f"pid {pid} is not this cluster's {component}")
+        env = dict(line.split("=", 1) for line in (proc / "environ").read_text().split("\0")
+                   if "=" in line)
+        commands[component] = Command(argv, os.readlink(proc / "cwd"), env)
+    return commands
+
+
+def start_component(component: str, command: Command) -> int:
+    """Start a component as kwokctl did (same log file; its pid file updated, so `down`
+    stops it); return the pid."""
+    with (cluster_dir() / "logs" / f"{component}.log").open("ab") as log_file:
+        started = subprocess.Popen(command.argv, cwd=command.cwd, env=command.env,
+                                   stdin=subprocess.DEVNULL, stdout=log_file,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    _pid_file(component).write_text(str(started.pid))
+    return started.pid
+
+
+def restart_component(component: str, commands: dict[str, Command],
+                      down_seconds: float = 0.0) -> int:
+    """Kill one control-plane process (`etcd`, `kube-apiserver`, ...) with SIGKILL and start
+    it again with the same command line, as a crash and a supervisor's restart would; return
+    the new pid. The caller waits for the readiness it needs."""
+    pid = component_pid(component)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: component_pid(component) is None, timeout=30, interval=0.1,
+                 what=f"{component} (pid {pid}) gone")
+    time.sleep(down_seconds)
+    new_pid = start_component(component, commands[component])
+    log(f"{component} restarted: pid {pid} -> {new_pid}")
+    return new_pid
+
+
+def ensure_components(commands: dict[str, Command]) -> list[str]:
+    """Start again every component of `commands` that is not running; return their names."""
+    restarted = [c for c in commands if component_pid(c) is None]
+    for component in restarted:
+        log(f"{component} had exited; starting it again")
+        start_component(component, commands[component])
+    return restarted
+
+
 # --- ports ---------------------------------------------------------------------------------
 
 
