@@ -1,15 +1,21 @@
 """Reconcile benchmark: N GLMServices at once, side by side with a plain client loop.
 
-    python -m bench.reconcile [--services 100] [--idle-seconds 600]
+    python -m bench.reconcile [--services 100,500,1000,2000] [--idle-seconds 60]
 
-On the local control plane (started if needed) it measures, in one run:
+On the local control plane (started if needed) it measures, for each N of the curve, in one
+run:
   1. floor: the children of N services (rendered offline by the same renderer) created
      directly by a plain kubernetes-client loop, until every Deployment has a ready pod;
   2. operator: N GLMServices applied at once, until every one reports Ready=True;
-  3. the ratio operator / floor (target <= 1.5);
-  4. API write requests the operator makes while nothing changes (target 0);
-  5. the operator's peak RSS (target < 200 MiB at 500 services).
-The figures go to docs/performance.md by hand; the script prints them.
+  3. the ratio operator / floor (target <= 1.2);
+  4. API requests per reconcile while converging (every verb, reads included);
+  5. API write requests the operator makes while nothing changes (target 0);
+  6. the time for one changed service to be re-reconciled while the others are idle
+     (median of a few changes; it must not grow with N);
+  7. the operator's peak RSS (target < 300 MiB at 2,000 services).
+Each N gets a fresh operator process and fresh namespaces, deleted (and waited for) before
+the next N. The figures go to docs/performance.md by hand; the script prints them, and one
+JSON line per N.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import time
 import uuid
@@ -32,14 +39,16 @@ from e2e.operator_fixtures import CRDS, OperatorProcess, report_fetched
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "cpu-llamacpp"
 WRITE_VERBS = ("apply", "patch", "create", "delete", "update")
+ALL_VERBS = (*WRITE_VERBS, "get", "list")
 BENCH_NODES = 4
+SINGLE_CHANGES = 5
 
 
 def bench_nodes(kubectl: Kubectl, pods_per_node: int) -> list[str]:
     """Fake CPU nodes big enough for every bench pod (kwok plays their kubelet)."""
     names = [f"bench-cpu-{i}" for i in range(BENCH_NODES)]
-    capacity = {"cpu": "4000", "memory": "64Ti", "pods": str(pods_per_node)}
-    nodes = [{
+    capacity = {"cpu": "40000", "memory": "640Ti", "pods": str(pods_per_node)}
+    nodes: list[dict[str, Any]] = [{
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": n, "annotations": {"kwok.x-k8s.io/node": "fake"},
                      "labels": {"kubernetes.io/hostname": n, "type": "kwok",
@@ -48,6 +57,9 @@ def bench_nodes(kubectl: Kubectl, pods_per_node: int) -> list[str]:
         "status": {"capacity": capacity, "allocatable": capacity},
     } for n in names]
     kubectl.apply(nodes)
+    for node in nodes:  # kwok may have initialised the status first: set it again
+        kubectl("patch", "node", node["metadata"]["name"], "--subresource=status",
+                "--type=merge", "-p", json.dumps({"status": node["status"]}))
     return names
 
 
@@ -79,6 +91,14 @@ def prepare_namespace(kubectl: Kubectl, prefix: str, mv: dict[str, Any]) -> str:
     return namespace
 
 
+def delete_namespace(kubectl: Kubectl, namespace: str) -> None:
+    """Delete and wait until it is gone, so its garbage collection does not load the next
+    measurement."""
+    kubectl("delete", "namespace", namespace, "--wait=false")
+    wait_for(lambda: not kubectl.exists("namespace", namespace), timeout=1800, interval=2,
+             what=f"namespace {namespace} deleted")
+
+
 def run_floor(kubectl: Kubectl, mv: dict[str, Any], n: int) -> float:
     """Create the same children with a plain client loop (no operator) and time it."""
     from glm_operator.kube.client import KubeClient
@@ -101,10 +121,10 @@ def run_floor(kubectl: Kubectl, mv: dict[str, Any], n: int) -> float:
     for obj in children:
         obj["metadata"].pop("ownerReferences", None)  # the fake owners do not exist
         client.apply(obj, field_manager="bench-floor")
-    wait_for(lambda: deployments_ready(kubectl, namespace) >= n, timeout=1800,
+    wait_for(lambda: deployments_ready(kubectl, namespace) >= n, timeout=3600,
              interval=1, what="floor Deployments ready")
     elapsed = time.monotonic() - started
-    kubectl("delete", "namespace", namespace, "--wait=false")
+    delete_namespace(kubectl, namespace)
     return elapsed
 
 
@@ -122,8 +142,21 @@ def render_children(svc: dict[str, Any], mv: dict[str, Any]) -> list[dict[str, A
     return render_service(inputs)
 
 
-def api_writes(operator: OperatorProcess) -> float:
-    return sum(operator.metric("glm_operator_api_requests_total", verb=v) for v in WRITE_VERBS)
+def api_requests(operator: OperatorProcess, verbs: tuple[str, ...]) -> float:
+    text = operator.metrics()
+    return sum(_sample_sum(text, "glm_operator_api_requests_total", verb=v) for v in verbs)
+
+
+def _sample_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def reconciles(operator: OperatorProcess) -> float:
+    return operator.metric("glm_operator_reconciles_total", kind="GLMService", result="ok")
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -133,22 +166,33 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--services", type=int, default=100)
-    parser.add_argument("--idle-seconds", type=int, default=600)
-    args = parser.parse_args(argv)
-    n = args.services
+def single_change_seconds(client: Any, namespace: str, name: str, context: int) -> float:
+    """Change one service's spec and time until the operator has re-rendered it: the
+    Deployment's engine arguments carry the new context length and the status observed the
+    generation. Polled with one client every 50 ms (two GETs per poll)."""
+    from glm_operator.wellknown import GROUP, VERSION
 
-    kubectl = local_cluster.up()  # a no-op when the local control plane is already up
-    kubectl.apply_files(CRDS, field_manager="bench")
-    nodes = bench_nodes(kubectl, pods_per_node=max(110, 2 * n // BENCH_NODES + 10))
-    mv = yaml.safe_load((EXAMPLE / "modelversion.yaml").read_text())
+    api = f"{GROUP}/{VERSION}"
+    started = time.monotonic()
+    written = client.patch_merge(api, "GLMService", namespace, name,
+                                 {"spec": {"contextLength": context}})
+    generation = written["metadata"]["generation"]
+    deadline = started + 300
+    while time.monotonic() < deadline:
+        body = client.get(api, "GLMService", namespace, name) or {}
+        if (body.get("status") or {}).get("observedGeneration") == generation:
+            deployments = client.list("apps/v1", "Deployment", namespace,
+                                      f"glm-operator.dev/service={name}")
+            if any(str(context) in json.dumps(d["spec"]["template"]["spec"]["containers"])
+                   for d in deployments):
+                return time.monotonic() - started
+        time.sleep(0.05)
+    raise TimeoutError(f"GLMService {name} not re-reconciled within 300 s")
 
+
+def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> dict[str, Any]:
     floor = run_floor(kubectl, mv, n)
-    print(f"floor: {n} services' children created directly, all pods ready in {floor:.1f}s",
-          flush=True)
+    print(f"[{n}] floor: children created directly, all pods ready in {floor:.1f}s", flush=True)
 
     from glm_operator.kube.client import KubeClient
 
@@ -160,36 +204,76 @@ def main(argv: list[str] | None = None) -> int:
         wait_for(lambda: kubectl.items("jobs", "-n", namespace), timeout=60,
                  what="fetch Job")
         report_fetched(kubectl, namespace, mv["metadata"]["name"])
+        requests_before = api_requests(operator, ALL_VERBS)
+        reconciles_before = reconciles(operator)
         started = time.monotonic()
         for svc in services(n):  # the same plain client loop as the floor's
             svc["metadata"]["namespace"] = namespace
             client.apply(svc, field_manager="bench")
-        wait_for(lambda: ready_count(kubectl, namespace) >= n, timeout=1800, interval=1,
+        wait_for(lambda: ready_count(kubectl, namespace) >= n, timeout=3600, interval=1,
                  what=f"{n} GLMServices Ready")
         elapsed = time.monotonic() - started
-        print(f"operator: {n} GLMServices Ready in {elapsed:.1f}s", flush=True)
-        print(f"ratio operator/floor: {elapsed / floor:.2f} (target <= 1.5)", flush=True)
-        runs = {result: operator.metric("glm_operator_reconciles_total", kind="GLMService",
-                                        result=result) for result in ("ok", "coalesced")}
-        print(f"GLMService reconciles until Ready: {runs['ok']:.0f} run, "
-              f"{runs['coalesced']:.0f} events collapsed into a waiting one", flush=True)
+        runs = reconciles(operator) - reconciles_before
+        per_reconcile = (api_requests(operator, ALL_VERBS) - requests_before) / max(runs, 1)
+        coalesced = operator.metric("glm_operator_reconciles_total", kind="GLMService",
+                                    result="coalesced")
+        print(f"[{n}] operator: GLMServices Ready in {elapsed:.1f}s; ratio "
+              f"{elapsed / floor:.2f} (target <= 1.2); {runs:.0f} reconciles, {coalesced:.0f} "
+              f"events collapsed, {per_reconcile:.2f} API requests per reconcile", flush=True)
 
         time.sleep(10)  # the last readiness events settle
-        before = api_writes(operator)
-        time.sleep(args.idle_seconds)
-        idle_writes = api_writes(operator) - before
-        print(f"API writes during {args.idle_seconds}s idle: {idle_writes:.0f} (target 0)")
+        before = api_requests(operator, WRITE_VERBS)
+        time.sleep(idle_seconds)
+        idle_writes = api_requests(operator, WRITE_VERBS) - before
+        print(f"[{n}] API writes during {idle_seconds}s idle: {idle_writes:.0f} (target 0)",
+              flush=True)
+
+        step = max(1, n // SINGLE_CHANGES)
+        changes = [single_change_seconds(client, namespace, f"bench-{i * step:04d}", 4096)
+                   for i in range(min(SINGLE_CHANGES, n))]
+        single = statistics.median(changes)
+        print(f"[{n}] one changed service re-reconciled in {single:.2f}s (median of "
+              f"{len(changes)}: {', '.join(f'{c:.2f}' for c in changes)})", flush=True)
         rss = peak_rss_mib(operator.proc.pid)
-        print(f"operator peak RSS: {rss:.0f} MiB at {n} services (target < 200 MiB at 500)")
-        print(json.dumps({"services": n, "floor_s": round(floor, 1),
-                          "operator_s": round(elapsed, 1), "ratio": round(elapsed / floor, 2),
-                          "reconciles": runs["ok"], "coalesced": runs["coalesced"],
-                          "idle_seconds": args.idle_seconds, "idle_writes": idle_writes,
-                          "peak_rss_mib": round(rss)}))
-        kubectl("delete", "namespace", namespace, "--wait=false")
+        print(f"[{n}] operator peak RSS: {rss:.0f} MiB", flush=True)
+        result = {"services": n, "floor_s": round(floor, 1), "operator_s": round(elapsed, 1),
+                  "ratio": round(elapsed / floor, 2), "reconciles": runs,
+                  "coalesced": coalesced, "requests_per_reconcile": round(per_reconcile, 2),
+                  "idle_seconds": idle_seconds, "idle_writes": idle_writes,
+                  "single_change_s": round(single, 2), "peak_rss_mib": round(rss)}
+        print(json.dumps(result), flush=True)
+    except BaseException:
+        print(f"[{n}] operator log:\n{operator.tail(60)}", flush=True)
+        raise
     finally:
         operator.stop()
+    delete_namespace(kubectl, namespace)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", default="100",
+                        help="comma-separated counts, measured in this order (the curve)")
+    parser.add_argument("--idle-seconds", type=int, default=60)
+    args = parser.parse_args(argv)
+    counts = [int(part) for part in args.services.split(",")]
+
+    kubectl = local_cluster.up()  # a no-op when the local control plane is already up
+    kubectl.apply_files(CRDS, field_manager="bench")
+    nodes = bench_nodes(kubectl, pods_per_node=max(110, 2 * max(counts) // BENCH_NODES + 10))
+    mv = yaml.safe_load((EXAMPLE / "modelversion.yaml").read_text())
+    try:
+        results = [measure(kubectl, mv, n, args.idle_seconds) for n in counts]
+    finally:
         kubectl("delete", "node", *nodes, check=False)
+    print("\n| N | floor | operator | ratio | requests/reconcile | idle writes | "
+          "single change | peak RSS |")
+    for r in results:
+        print(f"| {r['services']} | {r['floor_s']} s | {r['operator_s']} s | {r['ratio']} | "
+              f"{r['requests_per_reconcile']} | {r['idle_writes']:.0f} in {r['idle_seconds']} s "
+              f"| {r['single_change_s']} s | {r['peak_rss_mib']} MiB |")
     return 0
 
 
