@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -275,10 +274,10 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def test_rendered_pods_run_the_built_images(
     built: dict[str, images.Built], podman: Podman, kubectl: Kubectl,
-    glm_crds: list[str], own_namespace: str,  # noqa: F811
+    glm_crds: list[str], own_namespace: str, tmp_path: Path,  # noqa: F811
 ) -> None:
     namespace = own_namespace
-    workdir = Path(tempfile.mkdtemp(prefix="glm-images-e2e-"))
+    workdir = tmp_path
     model = write_tiny_llama(podman.volume(MODEL_STORE) / MODEL_FILE,
                              TinyLlamaSpec(n_ctx_train=8192))
     sha256 = images.file_sha256(model)
