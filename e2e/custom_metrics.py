@@ -202,8 +202,9 @@ class CustomMetricsAdapter:
         for version in VERSIONS:
             self.kubectl.run("delete", "apiservice", f"{version}.{GROUP}", "--ignore-not-found",
                              "--wait=true", "--timeout=30s", check=False)
-        self.kubectl.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false",
-                         check=False)
+        # Waited for, so a later start does not meet it Terminating.
+        self.kubectl.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true",
+                         "--timeout=60s", check=False)
         proc, self.proc = self.proc, None
         if proc is not None:
             if proc.poll() is None:
