@@ -4,7 +4,9 @@ The custom metrics API is served through the API server's aggregation layer by t
 custom-metrics-apiserver's test adapter (e2e/custom_metrics.py): the test writes a per-pod
 value under the metric name the rendered HPA asks for (read from the HPA object, never
 retyped), and the HPA controller reads it exactly as it would read prometheus-adapter's. The
-operator is the real `glm-operator run`; pods run on kwok's CPU nodes.
+operator is the real `glm-operator run`; pods run on kwok's CPU nodes. Two HPAs are driven:
+the main pool's (1 -> 3 -> 1, and the operator keeping out of its way) and the long-context
+pool's (woken to 1 as the gateway does, then grown on queued long requests).
 
 Timings (metric change -> the HPA's desired replicas -> the Deployment's replicas) are printed
 as `[figures]` lines (`pytest -s`); docs/performance.md records them.
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from glm_operator.wellknown import POOL_LABEL, SERVICE_LABEL
+from glm_operator.wellknown import LONG_CONTEXT_POOL, POOL_LABEL, SERVICE_LABEL
 
 from e2e.cluster import HPA_SYNC_PERIOD
 from e2e.custom_metrics import CustomMetricsAdapter, custom_metrics
@@ -155,10 +157,10 @@ def figure(what: str, seconds: float) -> None:
 
 
 def scale_and_time(kubectl: Kubectl, ns: str, hpa: dict[str, Any], replicas: int,
-                   direction: str, timeout: float) -> float:
-    """Wait for the HPA's desired replicas, then the Deployment's; print both times and
-    return the first."""
-    clock = Clock()
+                   direction: str, timeout: float, clock: Clock | None = None) -> float:
+    """Wait for the HPA's desired replicas, then the Deployment's; print both times since
+    `clock` started (the metric change; now by default) and return the first."""
+    clock = clock or Clock()
     wait_for(lambda: desired(kubectl, ns, hpa) == replicas, timeout=timeout, interval=POLL,
              what=f"the HPA's desiredReplicas {replicas}")
     to_desired = clock.since()
@@ -227,3 +229,42 @@ def test_the_hpa_controller_scales_on_the_rendered_metric_and_the_operator_keeps
     status = kubectl.get_json("hpa", hpa["metadata"]["name"], "-n", ns)["status"]
     conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
     assert conditions.get("ScalingActive") == "True", json.dumps(status)
+
+
+LONG_CONTEXT_MAX = 2  # with the main pool's pod, three pods on the two CPU nodes
+
+
+def test_the_long_context_pools_hpa_grows_a_woken_pool_on_queued_long_requests(
+        kubectl: Kubectl, ns: str, custom_metrics: CustomMetricsAdapter) -> None:
+    deploy_model(kubectl, ns, CPU_MV, wait_for)
+    svc = copy.deepcopy(CPU_SVC)
+    svc["metadata"]["name"] = SERVICE
+    # idleSeconds far beyond the test: the operator's idle scale-down stays out of it.
+    svc["spec"]["longContext"] = {"enabled": True, "contextLength": 32768,
+                                  "maxReplicas": LONG_CONTEXT_MAX, "idleSeconds": 3600}
+    kubectl.apply(svc, namespace=ns)
+    wait_ready(kubectl, ns, SERVICE, wait_for)
+    hpa = hpa_of(kubectl, ns, LONG_CONTEXT_POOL)
+    assert hpa["spec"]["maxReplicas"] == LONG_CONTEXT_MAX
+    (queue, target), = pods_metric_targets(hpa).items()
+    pool = target_deployment(kubectl, ns, hpa)
+    assert pool["spec"]["replicas"] == 0  # asleep until a long request comes
+
+    # The gateway's wake: the pool's scale subresource set to 1.
+    kubectl("scale", "deployment", pool["metadata"]["name"], "-n", ns, "--replicas=1")
+    wait_for(lambda: target_deployment(kubectl, ns, hpa)["status"].get("readyReplicas") == 1,
+             timeout=60, what="the woken pool's pod ready")
+    # Long requests queued at the pool's one pod: LONG_CONTEXT_MAX x the per-replica target.
+    quantity = str(int(float(target) * LONG_CONTEXT_MAX))
+    set_for_pods(custom_metrics, kubectl, ns, pool, {queue: quantity})
+    changed = Clock()
+    # The pool's HPA keeps the slow-start defaults: it reads the queue, then holds the scale-up
+    # until its stabilisation window has passed.
+    window = hpa["spec"]["behavior"]["scaleUp"]["stabilizationWindowSeconds"]
+    wait_for(lambda: any(c["type"] == "AbleToScale" and c["reason"] == "ScaleUpStabilized"
+                         for c in kubectl.get_json("hpa", hpa["metadata"]["name"], "-n", ns)
+                         .get("status", {}).get("conditions", [])),
+             timeout=30, interval=POLL, what="the pool's HPA holding the scale-up (its window)")
+    scale_and_time(kubectl, ns, hpa, LONG_CONTEXT_MAX,
+                   f"long-context pool 1 -> N (scale-up window {window} s)", timeout=window + 60,
+                   clock=changed)
