@@ -303,6 +303,42 @@ def long_context_reading_due(service_body: Mapping[str, Any], live_children: Seq
     return needs_reading(service.spec.long_context, awake, service.status.long_context, now)
 
 
+class _Conditions:
+    """The status conditions as this reconcile leaves them (stamped with its generation)."""
+
+    def __init__(self, previous: Sequence[Condition], generation: int | None,
+                 now: datetime) -> None:
+        self.items: list[Condition] = list(previous)
+        self._generation = generation
+        self._now = now
+
+    def set(self, type_: str, ok: bool, reason: str, message: str) -> None:
+        self.items = set_condition(self.items, type_, ok, reason, message, self._generation,
+                                   self._now)
+
+    def remove(self, type_: str) -> None:
+        self.items = remove_condition(self.items, type_)
+
+
+@dataclass
+class _Rollout:
+    """Where a change of spec.modelVersion stands after this reconcile."""
+
+    decision: rollouts.RolloutDecision | None  # None: no other version is serving
+    status: RolloutStatus | None
+    history: list[RolloutRecord]
+    events: list[tuple[str, str, str]]
+
+
+@dataclass
+class _Serving:
+    """Which versions run, at what size, with what share of the traffic."""
+
+    renders: list[_Render]
+    routes: list[VersionRoute]
+    stable: str | None  # the version serving once this reconcile is applied
+
+
 def decide_service(
     service_body: Mapping[str, Any],
     model_versions: Mapping[str, Obj],
@@ -314,114 +350,188 @@ def decide_service(
     analysis: AnalysisResult | None = None,
     long_context_activity: ActivityReading | None = None,
 ) -> ServiceDecision:
+    """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
+    rollout, choose what runs, render it, promote, and report."""
     service = GLMService.model_validate(service_body)
     now = now or datetime.now(UTC)
-    generation = service.metadata.generation
     previous = service.status
-    conditions: list[Condition] = list(previous.conditions)
+    conditions = _Conditions(previous.conditions, service.metadata.generation, now)
     events: list[tuple[str, str, str]] = []
-    history: list[RolloutRecord] = list(previous.rollout_history or [])
 
-    def condition(type_: str, ok: bool, reason: str, message: str) -> None:
-        nonlocal conditions
-        conditions = set_condition(conditions, type_, ok, reason, message, generation, now)
-
-    wanted_version = service.spec.model_version
+    wanted = service.spec.model_version
     stable = previous.stable_model_version
-    rolling = bool(stable) and stable != wanted_version
+    rolling = bool(stable) and stable != wanted
     stable_service = _stable_service(service, previous.stable_spec) if rolling else service
-    target = _plan_version(service, wanted_version, model_versions, profiles)
+    target = _plan_version(service, wanted, model_versions, profiles)
     old = (_plan_version(stable_service, stable, model_versions, profiles)
-           if stable and stable != wanted_version else None)
+           if stable and stable != wanted else None)
 
-    # ModelReady / Planned describe the version the user asked for.
-    if target.model_problem:
-        condition(C.MODEL_READY, False, *target.model_problem)
+    events += _model_conditions(conditions, service, target)
+    rollout = _step_rollout(conditions, service, target, live_children, config, now, analysis)
+    events += rollout.events
+    serving = _what_runs(rollout.decision, service, stable_service, target, old)
+    desired, retained = _render_versions(serving, live_children, config, capabilities)
+    _scaler_condition(conditions.set, serving.renders, capabilities, config)
+    if service.spec.autoscaling is None:
+        conditions.remove(C.AUTOSCALING)
+
+    wanted_replicas = _wanted_replicas(service)
+    target_deployments = _pool_deployments(live_children, wanted, MAIN_POOL)
+    new_stable, promoted = _promotion(rollout.decision, serving.stable, stable, wanted, target,
+                                      target_deployments, wanted_replicas)
+    events += promoted
+
+    if capabilities.istio:
+        desired += _traffic_objects(service, serving.routes, target if target.plan else old,
+                                    config)
+    _traffic_condition(conditions.set, capabilities.istio, rollout.decision, live_children,
+                       stable, wanted)
+
+    main = _pool_deployments(live_children, None, MAIN_POOL)
+    replicas = sum(d.get("status", {}).get("replicas", 0) for d in main)
+    ready = sum(d.get("status", {}).get("readyReplicas", 0) for d in main)
+    _progress_conditions(conditions.set, rollout.decision, stable, new_stable, wanted, target,
+                         target_deployments, ready, wanted_replicas)
+    if rollout.decision is not None and rollout.decision.status.strategy == "canary":
+        conditions.set(C.CANARY_PROGRESSING, *_canary_condition(rollout.decision.status))
+    _serving_conditions(conditions, rollout.decision, target, new_stable, replicas, ready,
+                        wanted_replicas, stable_missing=bool(retained))
+
+    long_context, scale_to_zero, idle_requeue, idle_events = _long_context_pool(
+        service, live_children, config, long_context_activity, now)
+    events += idle_events
+
+    if new_stable == wanted:
+        stable_spec: dict[str, Any] | None = _spec_snapshot(service)
     else:
-        condition(C.MODEL_READY, True, "ModelVersionReady",
-                  f"ModelVersion {wanted_version!r} is verified and cached")
+        stable_spec = previous.stable_spec or (_spec_snapshot(stable_service) if stable else None)
+    shown = target if target.plan is not None else old
+    status = GLMServiceStatus(
+        observed_generation=service.metadata.generation,
+        conditions=conditions.items,
+        stable_model_version=new_stable,
+        stable_spec=stable_spec,
+        replicas=replicas,
+        ready_replicas=ready,
+        selector=(f"{SERVICE_LABEL}={label_value(service.metadata.name or '')},"
+                  f"{POOL_LABEL}={MAIN_POOL}"),
+        endpoint=_endpoint(service, config, MAIN_POOL),
+        plan=(plan_summary(shown.plan, service, shown.name, shown.model_version)
+              if shown is not None and shown.plan is not None
+              and shown.model_version is not None else previous.plan),
+        rollout=rollout.status,
+        rollout_history=rollout.history[:HISTORY_LIMIT] or None,
+        long_context=long_context,
+    )
+    requeues = [t for t in (rollout.decision.requeue_after if rollout.decision else None,
+                            idle_requeue) if t is not None]
+    return ServiceDecision(desired=desired, status=status, events=events,
+                           retained=frozenset(retained),
+                           requeue_after=min(requeues) if requeues else None,
+                           scale_to_zero=scale_to_zero)
+
+
+def _model_conditions(conditions: _Conditions, service: GLMService,
+                      target: _VersionPlan) -> list[tuple[str, str, str]]:
+    """ModelReady, Planned and AutoscalingTargetsValid describe the version the user asked
+    for; an infeasible plan is also an Event."""
+    events = []
+    if target.model_problem:
+        conditions.set(C.MODEL_READY, False, *target.model_problem)
+    else:
+        conditions.set(C.MODEL_READY, True, "ModelVersionReady",
+                       f"ModelVersion {target.name!r} is verified and cached")
     if target.plan_problem:
-        condition(C.PLANNED, False, *target.plan_problem)
+        conditions.set(C.PLANNED, False, *target.plan_problem)
         if target.plan_problem[0] == "Infeasible":
             events.append(("Warning", "Infeasible", target.plan_problem[1]))
     elif target.plan is not None:
-        condition(C.PLANNED, True, "Planned", _plan_message(target.plan))
+        conditions.set(C.PLANNED, True, "Planned", _plan_message(target.plan))
     if service.spec.autoscaling is None:
-        conditions = remove_condition(conditions, C.AUTOSCALING_TARGETS_VALID)
+        conditions.remove(C.AUTOSCALING_TARGETS_VALID)
     elif target.plan is not None:
-        condition(C.AUTOSCALING_TARGETS_VALID,
-                  *_autoscaling_condition(service.spec.autoscaling, target.plan))
+        conditions.set(C.AUTOSCALING_TARGETS_VALID,
+                       *_autoscaling_condition(service.spec.autoscaling, target.plan))
+    return events
 
-    rollout_status = previous.rollout
-    decision: rollouts.RolloutDecision | None = None
-    if stable is None or stable == wanted_version:
+
+def _step_rollout(conditions: _Conditions, service: GLMService, target: _VersionPlan,
+                  live_children: Sequence[Obj], config: OperatorConfig, now: datetime,
+                  analysis: AnalysisResult | None) -> _Rollout:
+    """Advance the rollout from the stable version to spec.modelVersion, if they differ; a
+    rollout whose target changed (or went back to the stable version) is superseded."""
+    previous = service.status
+    wanted, stable = service.spec.model_version, previous.stable_model_version
+    status = previous.rollout
+    history: list[RolloutRecord] = list(previous.rollout_history or [])
+    if stable is None or stable == wanted:
         record = rollouts.superseded(
-            rollout_status if rollout_status and rollout_status.model_version != stable
-            else None, now, f"spec.modelVersion went back to {wanted_version}")
+            status if status and status.model_version != stable else None, now,
+            f"spec.modelVersion went back to {wanted}")
         if record is not None:
             history.insert(0, record)
-            rollout_status = None
+            status = None
             if record.strategy == "canary":
-                condition(C.CANARY_PROGRESSING, False, "Superseded", str(record.message))
-    else:
-        if rollout_status is not None and (rollout_status.model_version != wanted_version
-                                           or rollout_status.from_model_version != stable):
-            record = rollouts.superseded(
-                rollout_status, now, f"spec.modelVersion changed to {wanted_version}")
-            if record is not None:
-                history.insert(0, record)
-            rollout_status = None
-        stable_main = _pool_deployments(live_children, stable, MAIN_POOL)
-        annotations = service.metadata.annotations
-        decision = rollouts.advance(rollouts.RolloutInputs(
-            policy=service.spec.rollout, stable=stable, target=wanted_version,
-            new=rollouts.NewVersion(
-                servable=target.servable,
-                problem=(target.model_problem or target.plan_problem or (None, None))[1],
-                ready_replicas=_ready_pods(
-                    _pool_deployments(live_children, wanted_version, MAIN_POOL)),
-                load_seconds=_load_seconds(target, service, config)),
-            full_size=_full_size(service, stable_main), now=now, previous=rollout_status,
-            promote_requested=annotations.get(PROMOTE_ANNOTATION) == wanted_version,
-            abort_requested=annotations.get(ABORT_ANNOTATION) == wanted_version,
-            analysis=analysis, drain_seconds=config.rollout.drain_seconds,
-            min_deadline_seconds=config.rollout.min_progress_deadline_seconds,
-            deadline_margin_seconds=config.rollout.progress_deadline_margin_seconds,
-        ))
-        rollout_status = decision.status
-        events += decision.events
-        if decision.finished is not None:
-            history.insert(0, decision.finished)
+                conditions.set(C.CANARY_PROGRESSING, False, "Superseded", str(record.message))
+        return _Rollout(None, status, history, [])
+    if status is not None and (status.model_version != wanted
+                               or status.from_model_version != stable):
+        record = rollouts.superseded(status, now, f"spec.modelVersion changed to {wanted}")
+        if record is not None:
+            history.insert(0, record)
+        status = None
+    annotations = service.metadata.annotations
+    decision = rollouts.advance(rollouts.RolloutInputs(
+        policy=service.spec.rollout, stable=stable, target=wanted,
+        new=rollouts.NewVersion(
+            servable=target.servable,
+            problem=(target.model_problem or target.plan_problem or (None, None))[1],
+            ready_replicas=_ready_pods(_pool_deployments(live_children, wanted, MAIN_POOL)),
+            load_seconds=_load_seconds(target, service, config)),
+        full_size=_full_size(service, _pool_deployments(live_children, stable, MAIN_POOL)),
+        now=now, previous=status,
+        promote_requested=annotations.get(PROMOTE_ANNOTATION) == wanted,
+        abort_requested=annotations.get(ABORT_ANNOTATION) == wanted,
+        analysis=analysis, drain_seconds=config.rollout.drain_seconds,
+        min_deadline_seconds=config.rollout.min_progress_deadline_seconds,
+        deadline_margin_seconds=config.rollout.progress_deadline_margin_seconds,
+    ))
+    if decision.finished is not None:
+        history.insert(0, decision.finished)
+    return _Rollout(decision, decision.status, history, list(decision.events))
 
-    # Which versions run, at what size, with what share of the traffic.
-    renders: list[_Render] = []
-    routes: list[VersionRoute] = []
-    new_stable = stable
+
+def _what_runs(decision: rollouts.RolloutDecision | None, service: GLMService,
+               stable_service: GLMService, target: _VersionPlan,
+               old: _VersionPlan | None) -> _Serving:
+    wanted, stable = service.spec.model_version, service.status.stable_model_version
     if decision is None:
-        renders.append(_Render(target, service))
-        routes.append(VersionRoute(wanted_version, 100))
-    elif decision.promote:
-        new_stable = wanted_version
-        renders.append(_Render(target, service))  # as stable: the spec's size, its HPA
-        routes.append(VersionRoute(wanted_version, 100))
-    else:
-        assert old is not None and stable is not None
-        if decision.new_replicas is not None and target.servable:
-            size = decision.new_replicas
-            renders.append(_Render(target, service, ReplicaPolicy(fixed=size, initial=size),
-                                   autoscaler=False))
-        renders.append(_Render(old, stable_service))
-        routes.append(VersionRoute(stable, 100 - decision.weight))
-        if decision.new_replicas is not None and target.servable:
-            routes.append(VersionRoute(wanted_version, decision.weight))
+        return _Serving([_Render(target, service)], [VersionRoute(wanted, 100)], stable)
+    if decision.promote:  # as stable: the spec's size, its HPA
+        return _Serving([_Render(target, service)], [VersionRoute(wanted, 100)], wanted)
+    assert old is not None and stable is not None
+    renders: list[_Render] = []
+    routes = [VersionRoute(stable, 100 - decision.weight)]
+    if decision.new_replicas is not None and target.servable:
+        size = decision.new_replicas
+        renders.append(_Render(target, service, ReplicaPolicy(fixed=size, initial=size),
+                               autoscaler=False))
+        routes.append(VersionRoute(wanted, decision.weight))
+    renders.append(_Render(old, stable_service))
+    return _Serving(renders, routes, stable)
 
+
+def _render_versions(serving: _Serving, live_children: Sequence[Obj], config: OperatorConfig,
+                     capabilities: Capabilities) -> tuple[list[Obj], set[tuple[str, str]]]:
+    """The children of every version that runs; a serving version that cannot be rendered
+    (its ModelVersion is gone) keeps its live children, retained as they are."""
     desired: list[Obj] = []
     seen: set[tuple[str, str]] = set()
     retained: set[tuple[str, str]] = set()
-    for item in renders:
+    for item in serving.renders:
         version = item.version
         if not version.servable:
-            if version.name == (new_stable or ""):
+            if version.name == (serving.stable or ""):
                 retained |= _version_children(live_children, version.name)
             continue
         assert version.model_version is not None and version.plan is not None
@@ -434,60 +544,62 @@ def decide_service(
             if key not in seen:  # Services, RBAC and HPA are shared by every version
                 seen.add(key)
                 desired.append(obj)
+    return desired, retained
 
-    _scaler_condition(condition, renders, capabilities, config)
-    if service.spec.autoscaling is None:
-        conditions = remove_condition(conditions, C.AUTOSCALING)
 
-    # First rollout (nothing stable yet) and in-place spec changes: promote when Ready.
-    wanted_replicas = _wanted_replicas(service)
-    target_deployments = _pool_deployments(live_children, wanted_version, MAIN_POOL)
-    if decision is None and stable != wanted_version and target.servable and any(
+def _promotion(decision: rollouts.RolloutDecision | None, new_stable: str | None,
+               stable: str | None, wanted: str, target: _VersionPlan,
+               target_deployments: Sequence[Obj], wanted_replicas: int,
+               ) -> tuple[str | None, list[tuple[str, str, str]]]:
+    """The first version (nothing stable yet) and in-place spec changes are promoted when
+    Ready; a rollout promotes by its own decision."""
+    if decision is None and stable != wanted and target.servable and any(
             _rolled_out(d, max(wanted_replicas, 1)) for d in target_deployments):
-        new_stable = wanted_version
-        events.append(("Normal", "Promoted", f"ModelVersion {wanted_version!r} is serving"))
+        return wanted, [("Normal", "Promoted", f"ModelVersion {wanted!r} is serving")]
     if decision is not None and decision.promote:
-        events.append(("Normal", "Promoted", f"ModelVersion {wanted_version!r} is serving; "
-                                             f"{stable!r} is being removed"))
+        return new_stable, [("Normal", "Promoted", f"ModelVersion {wanted!r} is serving; "
+                                                   f"{stable!r} is being removed")]
+    return new_stable, []
 
-    stable_missing = bool(retained)
-    if capabilities.istio:
-        desired += _traffic_objects(service, routes, target if target.plan else old, config)
-    _traffic_condition(condition, capabilities.istio, decision, live_children, stable,
-                       wanted_version)
 
-    main = _pool_deployments(live_children, None, MAIN_POOL)
-    replicas = sum(d.get("status", {}).get("replicas", 0) for d in main)
-    ready = sum(d.get("status", {}).get("readyReplicas", 0) for d in main)
-    _progress_conditions(condition, decision, stable, new_stable, wanted_version, target,
-                         target_deployments, ready, wanted_replicas)
-    if decision is not None and decision.status.strategy == "canary":
-        condition(C.CANARY_PROGRESSING, *_canary_condition(decision.status))
-
+def _serving_conditions(conditions: _Conditions, decision: rollouts.RolloutDecision | None,
+                        target: _VersionPlan, new_stable: str | None, replicas: int,
+                        ready: int, wanted_replicas: int, stable_missing: bool) -> None:
+    """Ready and Degraded, from the main pool's pods."""
     in_flight = decision is not None and decision.status.phase not in FINISHED_PHASES
     if ready > 0 and new_stable is not None:
-        condition(C.READY, True, "Serving", f"{ready}/{replicas} pods ready, serving {new_stable}")
+        conditions.set(C.READY, True, "Serving",
+                       f"{ready}/{replicas} pods ready, serving {new_stable}")
         if stable_missing:
-            condition(C.DEGRADED, True, "StableModelVersionMissing",
-                      f"ModelVersion {new_stable!r} is serving but no longer exists (or is "
-                      "invalid): its pods keep running as they are and cannot be re-created "
-                      "or changed; restore it, or roll out another version")
+            conditions.set(C.DEGRADED, True, "StableModelVersionMissing",
+                           f"ModelVersion {new_stable!r} is serving but no longer exists (or "
+                           "is invalid): its pods keep running as they are and cannot be "
+                           "re-created or changed; restore it, or roll out another version")
         else:
             degraded = ready < max(wanted_replicas, 1) and not in_flight
-            condition(C.DEGRADED, degraded, "ReplicasUnavailable" if degraded else "AsPlanned",
-                      f"{ready} of {max(wanted_replicas, 1)} pods ready")
+            conditions.set(C.DEGRADED, degraded,
+                           "ReplicasUnavailable" if degraded else "AsPlanned",
+                           f"{ready} of {max(wanted_replicas, 1)} pods ready")
     else:
         why = (target.plan_problem or target.model_problem
                or ("PodsNotReady", f"0/{max(wanted_replicas, 1)} pods ready"))
-        condition(C.READY, False, why[0], why[1])
-        condition(C.DEGRADED, False, "NotServing", "nothing is serving yet")
+        conditions.set(C.READY, False, why[0], why[1])
+        conditions.set(C.DEGRADED, False, "NotServing", "nothing is serving yet")
 
-    long_context = None
-    lc_deployments = _pool_deployments(live_children, None, LONG_CONTEXT_POOL)
-    awake = _awake(lc_deployments)
-    idle = decide_idle(service.spec.long_context, bool(awake), previous.long_context,
-                       long_context_activity, now)
+
+def _long_context_pool(
+    service: GLMService, live_children: Sequence[Obj], config: OperatorConfig,
+    activity: ActivityReading | None, now: datetime,
+) -> tuple[PoolStatus | None, tuple[tuple[str, str], ...], float | None,
+           list[tuple[str, str, str]]]:
+    """The long-context pool's status, and whether it is idle long enough to go to zero:
+    (status, Deployments to scale to zero, when to look again, events)."""
+    deployments = _pool_deployments(live_children, None, LONG_CONTEXT_POOL)
+    awake = _awake(deployments)
+    idle = decide_idle(service.spec.long_context, bool(awake), service.status.long_context,
+                       activity, now)
     scale_to_zero: tuple[tuple[str, str], ...] = ()
+    events = []
     if idle.sleep:
         scale_to_zero = tuple((d["metadata"]["name"], d["metadata"].get("resourceVersion", ""))
                               for d in awake)
@@ -496,44 +608,17 @@ def decide_service(
                        f"no long request for {service.spec.long_context.idle_seconds} s (last "
                        f"{idle.last_activity:%Y-%m-%dT%H:%M:%SZ}): scaling the long-context "
                        "pool to zero"))
+    status = None
     if service.spec.long_context and service.spec.long_context.enabled:
-        long_context = PoolStatus(
-            replicas=sum(d.get("status", {}).get("replicas", 0) for d in lc_deployments),
+        status = PoolStatus(
+            replicas=sum(d.get("status", {}).get("replicas", 0) for d in deployments),
             ready_replicas=sum(d.get("status", {}).get("readyReplicas", 0)
-                               for d in lc_deployments),
+                               for d in deployments),
             endpoint=_endpoint(service, config, LONG_CONTEXT_POOL),
             last_activity_time=idle.last_activity,
             scale_to_zero_time=idle.scale_to_zero_time,
         )
-
-    if new_stable == wanted_version:
-        stable_spec: dict[str, Any] | None = _spec_snapshot(service)
-    else:
-        stable_spec = previous.stable_spec or (_spec_snapshot(stable_service) if stable else None)
-    shown = target if target.plan is not None else old
-    status = GLMServiceStatus(
-        observed_generation=generation,
-        conditions=conditions,
-        stable_model_version=new_stable,
-        stable_spec=stable_spec,
-        replicas=replicas,
-        ready_replicas=ready,
-        selector=(f"{SERVICE_LABEL}={label_value(service.metadata.name or '')},"
-                  f"{POOL_LABEL}={MAIN_POOL}"),
-        endpoint=_endpoint(service, config, MAIN_POOL),
-        plan=(plan_summary(shown.plan, service, shown.name, shown.model_version)
-              if shown is not None and shown.plan is not None
-              and shown.model_version is not None else previous.plan),
-        rollout=rollout_status,
-        rollout_history=history[:HISTORY_LIMIT] or None,
-        long_context=long_context,
-    )
-    requeues = [t for t in (decision.requeue_after if decision else None, idle.requeue_after)
-                if t is not None]
-    return ServiceDecision(desired=desired, status=status, events=events,
-                           retained=frozenset(retained),
-                           requeue_after=min(requeues) if requeues else None,
-                           scale_to_zero=scale_to_zero)
+    return status, scale_to_zero, idle.requeue_after, events
 
 
 def _version_children(children: Sequence[Obj], version: str) -> set[tuple[str, str]]:
