@@ -123,7 +123,7 @@ def configure(runtime: Runtime) -> None:
     """Set the runtime and start the thread that runs reconciles asked for later."""
     global _runtime
     _runtime = runtime
-    runtime.wakeups = Wakeups(_wake_service)
+    runtime.wakeups = Wakeups(_wake)
     threading.Thread(target=runtime.wakeups.run, args=(threading.Event(),),
                      name="glm-wakeups", daemon=True).start()
     for kind, index in (("GLMService", "glmservices"), ("ModelVersion", "modelversions")):
@@ -134,17 +134,36 @@ def _index_size(name: str) -> Callable[[], float]:
     return lambda: float(len(_latest_indexes.get(name) or ()))
 
 
-def _wake_service(key: Hashable) -> None:
+MODEL_VERSION_KEY = "mv/"  # wakeup keys of ModelVersions: (namespace, "mv/<name>")
+
+
+def _wake(key: Hashable) -> None:
     namespace, name = cast(Key, key)
     indexes = dict(_latest_indexes)
     if "glmservices" not in indexes:
         return
+    kind = "ModelVersion" if name.startswith(MODEL_VERSION_KEY) else "GLMService"
     try:
-        reconcile_service(namespace, name, indexes, coalesce=True)
+        if kind == "ModelVersion":
+            reconcile_model_version(namespace, name.removeprefix(MODEL_VERSION_KEY), indexes,
+                                    coalesce=True)
+        else:
+            reconcile_service(namespace, name, indexes, coalesce=True)
     except kopf.TemporaryError as exc:
         runtime().wakeups.schedule(key, float(exc.delay or 5))  # type: ignore[union-attr]
     except Exception as exc:  # the thread must outlive one bad reconcile
-        log.warning("scheduled reconcile of GLMService %s/%s failed: %s", namespace, name, exc)
+        log.warning("scheduled reconcile of %s %s/%s failed: %s", kind, namespace, name, exc)
+
+
+def _retry_later(key: Key, exc: KubeError) -> kopf.TemporaryError:
+    """A failed API call (the API server restarting, a timeout, a 5xx): look again in a few
+    seconds. kopf retries its own create/update handlers, but not a reconcile started by a
+    child's or a ModelVersion's event, so the wakeup thread is asked as well."""
+    delay = 5.0
+    wakeups = runtime().wakeups
+    if wakeups is not None:
+        wakeups.schedule(key, delay)
+    return kopf.TemporaryError(f"API error: {exc}", delay=delay)
 
 
 def runtime() -> Runtime:
@@ -526,7 +545,7 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
             if exc.status == 409 and rt.wakeups is not None:
                 rt.wakeups.schedule(key, 1.0)  # someone wrote first; look again at theirs
                 return
-            raise kopf.TemporaryError(f"API error: {exc}", delay=5) from exc
+            raise _retry_later(key, exc) from exc
         metrics.RECONCILES.labels("GLMService", "ok").inc()
 
 
@@ -594,7 +613,7 @@ def reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, Any
                             coalesce: bool = False) -> None:
     """Reconcile one ModelVersion; `coalesce` for its own status events and its Jobs'."""
     _remember_indexes(indexes)
-    _in_turn("ModelVersion", (namespace, f"mv/{name}"),
+    _in_turn("ModelVersion", (namespace, f"{MODEL_VERSION_KEY}{name}"),
              lambda: _reconcile_model_version(namespace, name, indexes), coalesce)
 
 
@@ -624,7 +643,7 @@ def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, An
                 return  # the fetcher wrote first; its write brings a fresh event
             if _namespace_terminating(exc):
                 return
-            raise kopf.TemporaryError(f"API error: {exc}", delay=5) from exc
+            raise _retry_later((namespace, f"{MODEL_VERSION_KEY}{name}"), exc) from exc
         metrics.RECONCILES.labels("ModelVersion", "ok").inc()
 
 

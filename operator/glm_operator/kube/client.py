@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import kopf
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -118,6 +119,10 @@ class KubeClient:
             )
         except ApiException as exc:
             raise KubeError(_api_message(exc), status=exc.status) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # The API server restarting or unreachable: a KubeError like any other failed
+            # call, so the reconcile is retried soon rather than treated as a crash.
+            raise KubeError(f"cannot reach the API server ({method} {path}): {exc}") from exc
         return cast(Obj, data or {})
 
     # --- reads -----------------------------------------------------------------------------
