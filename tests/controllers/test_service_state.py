@@ -423,3 +423,56 @@ def decide_service_with(svc: dict[str, Any], mv: dict[str, Any], live: list[dict
                         now: datetime, reading: ActivityReading) -> Any:
     return decide_service(svc, {mv["metadata"]["name"]: mv}, live, CONFIG, CONFIG.profiles,
                           Capabilities(), now=now, long_context_activity=reading)
+
+
+def statefulsets(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == "StatefulSet"]
+
+
+def test_multi_node_replicas_are_groups_counted_by_their_leaders() -> None:
+    mv, svc = load("nvidia-h100-multinode-vllm")
+    svc["spec"]["replicas"] = 2
+    first = decide(svc, [ready_mv(mv)])
+    assert deployments(first.desired) == []
+    leader, *workers = statefulsets(first.desired)
+    assert leader["spec"]["replicas"] == 2 and len(workers) == 2
+    assert {o["kind"] for o in first.desired} >= {"Service", "NetworkPolicy"}
+    planned = cond(first, "Planned")
+    assert planned.status == "True" and "2 nodes (one group of pods per replica)" in planned.message
+    assert first.status.plan is not None and first.status.plan.nodes == 2
+
+    # One group ready (its leader Ready: the engine loaded across both nodes) is not enough.
+    half = decide(svc, [ready_mv(mv)], [as_ready(leader, 1), *workers])
+    assert half.status.stable_model_version is None
+    # Workers' StatefulSets never count as replicas: only the leaders' does.
+    ready = decide(svc, [ready_mv(mv)], [as_ready(leader, 2), *(as_ready(w) for w in workers)])
+    assert ready.status.stable_model_version == mv["metadata"]["name"]
+    assert (ready.status.replicas, ready.status.ready_replicas) == (2, 2)
+    assert cond(ready, "Ready").status == "True"
+
+
+def test_autoscaled_multi_node_service_says_groups_are_not_autoscaled() -> None:
+    mv, svc = load("nvidia-h100-multinode-vllm")
+    del svc["spec"]["replicas"]
+    svc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3,
+                                  "targets": {"queueLength": 4}}
+    decision = decide(svc, [ready_mv(mv)], capabilities=Capabilities(keda=True))
+    assert [o for o in decision.desired
+            if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")] == []
+    autoscaling = cond(decision, "Autoscaling")
+    assert autoscaling.status == "False" and autoscaling.reason == "GroupsNotAutoscaled"
+    assert "minReplicas (1) groups" in autoscaling.message
+    assert statefulsets(decision.desired)[0]["spec"]["replicas"] == 1
+
+
+def test_multi_node_service_is_a_leader_worker_set_when_its_crd_is_served() -> None:
+    mv, svc = load("nvidia-h100-multinode-vllm")
+    decision = decide(svc, [ready_mv(mv)], capabilities=Capabilities(leader_worker_set=True))
+    assert statefulsets(decision.desired) == []
+    (lws,) = [o for o in decision.desired if o["kind"] == "LeaderWorkerSet"]
+    live = copy.deepcopy(lws)
+    live["metadata"]["generation"] = 3
+    live["status"] = {"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1,
+                      "readyReplicas": 1}
+    ready = decide(svc, [ready_mv(mv)], [live], capabilities=Capabilities(leader_worker_set=True))
+    assert ready.status.stable_model_version == mv["metadata"]["name"]

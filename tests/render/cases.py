@@ -193,3 +193,64 @@ def golden_inputs(engine: str, accelerator: str) -> ServiceInputs:
     svc = service(engine, accelerator, **GOLDEN_SPECS[(engine, accelerator)])
     return inputs(svc, model_version(model_key(engine, accelerator)),
                   capabilities=GOLDEN_CAPABILITIES.get((engine, accelerator)))
+
+
+# ---------------------------------------------------------------- multi-node (groups)
+
+# GLM-4.6-class MoE (glm4moe, 355B): one node of A10s cannot hold it in Q4_K_M, nor one node
+# of H100s in BF16.
+GLM46_FACTS = {
+    "architecture": "glm4moe",
+    "blockCount": 92,
+    "nextnPredictLayers": 1,
+    "embeddingLength": 5120,
+    "headCount": 96,
+    "headCountKv": 8,
+    "keyLength": 128,
+    "valueLength": 128,
+    "contextLength": 202752,
+    "parameterCount": 355_000_000_000,
+    "expertCount": 160,
+    "expertUsedCount": 8,
+}
+MODEL_VERSIONS["glm46-q4"] = {
+    "name": "glm46-q4",
+    "spec": {
+        "source": {"uri": "hf://unsloth/GLM-4.6-GGUF/GLM-4.6-Q4_K_M.gguf"},
+        "format": "gguf",
+        "quantization": "Q4_K_M",
+        "architecture": "glm4moe",
+        "sha256": "b" * 64,
+        "facts": {**GLM46_FACTS, "sizeBytes": 216_000_000_000},
+        "cache": {"size": "250Gi", "storageClassName": "fast-rwx", "accessMode": "ReadWriteMany"},
+    },
+}
+MODEL_VERSIONS["glm46-bf16"] = {
+    "name": "glm46-bf16",
+    "spec": {
+        "source": {"uri": "hf://zai-org/GLM-4.6?revision=main"},
+        "format": "safetensors",
+        "quantization": "bf16",
+        "architecture": "glm4moe",
+        "facts": GLM46_FACTS,
+        "cache": {"size": "800Gi", "storageClassName": "fast-rwx", "accessMode": "ReadWriteMany"},
+    },
+}
+
+# case -> (engine, ModelVersion key, profile, devices per node, nodes, extra spec)
+MULTI_NODE_CASES: dict[str, tuple[str, str, str, int, int, dict[str, Any]]] = {
+    "llamacpp-a10x4x3": ("llamacpp", "glm46-q4", "nvidia-a10", 4, 3,
+                         {"contextLength": 16384, "concurrency": 2, "replicas": 2}),
+    "vllm-h100x8x2": ("vllm", "glm46-bf16", "nvidia-h100-80gb", 8, 2,
+                      {"contextLength": 131072, "concurrency": 4}),
+}
+
+
+def multi_node_inputs(case: str, capabilities: Capabilities | None = None,
+                      **spec: Any) -> ServiceInputs:
+    engine, key, profile, count, nodes, extra = MULTI_NODE_CASES[case]
+    body = {**service_manifest(engine, "a10", **{**extra, **spec})}
+    body["spec"]["modelVersion"] = MODEL_VERSIONS[key]["name"]
+    body["spec"]["accelerator"] = {"profile": profile, "count": count, "nodes": nodes}
+    return inputs(GLMService.model_validate(body), model_version(key),
+                  capabilities=capabilities)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from glm_operator.render.names import SERVICE_LABEL, VERSION_LABEL
+from glm_operator.render.groups import GROUP_ROLE_LABEL
+from glm_operator.render.names import POOL_LABEL, SERVICE_LABEL, VERSION_LABEL
 from glm_operator.render.pod import (
     ENGINE_CONTAINER,
     ENGINE_HEALTH_PATH,
@@ -22,11 +23,13 @@ SECURE_CONTAINER = {
 }
 
 
-def _pod_template(obj: dict[str, Any]) -> dict[str, Any] | None:
-    if obj["kind"] in ("Deployment", "Job"):
-        template: dict[str, Any] = obj["spec"]["template"]
-        return template
-    return None
+def _pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] in ("Deployment", "Job", "StatefulSet"):
+        return [obj["spec"]["template"]]
+    if obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        return [lwt["leaderTemplate"], lwt["workerTemplate"]]
+    return []
 
 
 def container_problems(where: str, c: dict[str, Any], pod_sc: dict[str, Any]) -> list[str]:
@@ -134,8 +137,7 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
                                    "blockOwnerDeletion")
     ):
         out.append(f"{where}: needs one controller ownerReference with uid")
-    template = _pod_template(obj)
-    if template is not None:
+    for template in _pod_templates(obj):
         pod = template["spec"]
         pod_sc = pod.get("securityContext", {})
         if pod_sc.get("runAsNonRoot") is not True or not isinstance(pod_sc.get("runAsUser"), int):
@@ -147,12 +149,15 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
         if mounted - declared:
             out.append(f"{where}: mounts undeclared volumes {sorted(mounted - declared)}")
         out += engine_pod_problems(where, pod)
-    if obj["kind"] == "Service":
+    if obj["kind"] == "Service" and obj["spec"].get("clusterIP") == "None":
+        if obj["spec"].get("ports"):
+            out.append(f"{where}: a headless Service names pods; it exposes no port")
+    elif obj["kind"] == "Service":
         targets = [p.get("targetPort") for p in obj["spec"].get("ports", [])]
         if any(t != GATEWAY_PORT_NAME for t in targets):
             out.append(f"{where}: targets {targets}; only the gateway port "
                        f"{GATEWAY_PORT_NAME!r} may be exposed")
-    if obj["kind"] == "Deployment":
+    if obj["kind"] in ("Deployment", "StatefulSet"):
         selector = obj["spec"]["selector"]["matchLabels"]
         if SERVICE_LABEL not in selector or VERSION_LABEL not in selector:
             out.append(f"{where}: selector must include the service and version labels")
@@ -162,8 +167,50 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
     return out
 
 
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def group_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Multi-node groups: workers serve no traffic (no pool Service selects them), one pod
+    of a group per node, on the leader's kind of node, behind a NetworkPolicy (rpc-server
+    and Ray authenticate nobody)."""
+    out: list[str] = []
+    templates = [(o, t) for o in objects for t in _pod_templates(o)]
+    roles = {role: [(o, t) for o, t in templates
+                    if t["metadata"]["labels"].get(GROUP_ROLE_LABEL) == role]
+             for role in ("leader", "worker")}
+    if not roles["worker"]:
+        return out
+    pool_services = [o["spec"]["selector"] for o in objects
+                     if o["kind"] == "Service" and o["spec"].get("clusterIP") != "None"]
+    policies = [o["spec"]["podSelector"]["matchLabels"] for o in objects
+                if o["kind"] == "NetworkPolicy"]
+    leader_affinity = [t["spec"].get("affinity", {}).get("nodeAffinity")
+                       for _, t in roles["leader"]]
+    for obj, t in roles["worker"]:
+        where = f"{obj['kind']} {obj['metadata']['name']} worker"
+        labels, pod = t["metadata"]["labels"], t["spec"]
+        if any(_matches(sel, labels) for sel in pool_services):
+            out.append(f"{where}: a pool Service selects it")
+        if POOL_LABEL in labels:
+            out.append(f"{where}: carries the pool label")
+        if any(c["name"] == GATEWAY_CONTAINER for c in pod["containers"]):
+            out.append(f"{where}: runs a gateway")
+        terms = (pod.get("affinity", {}).get("podAntiAffinity", {})
+                 .get("requiredDuringSchedulingIgnoredDuringExecution", []))
+        if not any(term.get("topologyKey") == "kubernetes.io/hostname" for term in terms):
+            out.append(f"{where}: no required anti-affinity per node")
+        if pod.get("affinity", {}).get("nodeAffinity") not in leader_affinity:
+            out.append(f"{where}: node affinity differs from its leader's")
+        if not any(_matches(sel, labels) for sel in policies):
+            out.append(f"{where}: no NetworkPolicy guards it")
+    return out
+
+
 def problems(objects: list[dict[str, Any]]) -> list[str]:
     out = [p for obj in objects for p in object_problems(obj)]
+    out += group_problems(objects)
     keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
     if len(keys) != len(set(keys)):
         out.append(f"two objects share a kind and name: {keys}")

@@ -36,5 +36,7 @@ def test_example_renders_and_keeps_the_invariants(example: Path) -> None:
     objects = render_documents(docs, OperatorConfig(), namespace="examples",
                                capabilities=Capabilities(service_monitor=True))
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "Service", "Job", "PersistentVolumeClaim"} <= kinds
+    # A multi-node example's pool is StatefulSets (one group of pods per replica).
+    pool = "StatefulSet" if "multinode" in example.name else "Deployment"
+    assert {pool, "Service", "Job", "PersistentVolumeClaim"} <= kinds
     assert problems(objects) == []

@@ -28,7 +28,10 @@ into the model and fetch pods by name).
 # The children of GLMServices and ModelVersions: indexed (list, watch), applied (patch;
 # create for the first replicas of autoscaled pools), pruned (delete).
 - apiGroups: [apps]
-  resources: [deployments]
+  resources: [deployments, statefulsets]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
   verbs: [list, watch, create, patch, delete]
 # Handed to the gateway's Role (it wakes its long-context pool).
 - apiGroups: [apps]
@@ -55,6 +58,10 @@ into the model and fetch pods by name).
 # never watched; patch is handed to the gateways' Roles (they renew it).
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
+  verbs: [get, create, patch, delete]
+# Multi-node groups as LeaderWorkerSets (when LeaderWorkerSet is installed).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
   verbs: [get, create, patch, delete]
 # Canary traffic split (when Istio is installed).
 - apiGroups: [networking.istio.io]

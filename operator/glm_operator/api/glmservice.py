@@ -55,6 +55,8 @@ OPERATOR_OWNED_ENGINE_FLAGS: tuple[str, ...] = (
     # vLLM
     "--served-model-name", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
     "-tp", "--tensor-parallel-size", "--kv-cache-dtype",
+    # multi-node wiring (accelerator.nodes)
+    "--rpc", "-pp", "--pipeline-parallel-size", "--distributed-executor-backend",
 )  # fmt: skip
 OWNED_FLAG_PATTERN = "^(" + "|".join(OPERATOR_OWNED_ENGINE_FLAGS) + ")(=.*)?$"
 
@@ -77,8 +79,11 @@ class RolloutStrategy(StrEnum):
     SURGE = "surge"
 
 
+MAX_NODES = 16
+
+
 class Accelerator(SpecModel):
-    """The accelerator each replica gets: a profile name and how many devices."""
+    """The accelerator each replica gets: a profile name, devices per node, and nodes."""
 
     model_config = {
         "json_schema_extra": {
@@ -88,7 +93,14 @@ class Accelerator(SpecModel):
                     "message": "accelerator.count must be 1 on the cpu profile "
                     "(CPU threads come from the CPU request)",
                     "fieldPath": ".count",
-                }
+                },
+                {
+                    "rule": "self.profile != 'cpu' || !has(self.nodes) || self.nodes == 1",
+                    "message": "accelerator.nodes must be 1 on the cpu profile: a replica "
+                    "spans nodes only with accelerators (llama.cpp RPC or vLLM pipeline "
+                    "parallel)",
+                    "fieldPath": ".nodes",
+                },
             ]
         }
     }
@@ -108,13 +120,26 @@ class Accelerator(SpecModel):
         default=1,
         ge=1,
         le=16,
-        description="Devices per replica; above 1 the model is tensor-parallel inside one pod.",
+        description="Devices per node (per pod); above 1 the model is tensor-parallel (vLLM) "
+        "or layer-split (llama.cpp) inside one pod.",
+    )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_NODES,
+        description="Nodes per replica. Above 1 each replica is a group of pods, one per node, "
+        "placed on nodes of this profile: a leader (engine server and gateway) and workers "
+        "(llama.cpp rpc-server, or vLLM Ray workers); vLLM runs pipeline parallel across the "
+        "nodes, llama.cpp splits the layers over every device of the group. "
+        "`glm-operator plan` proposes it when one node cannot hold the model.",
     )
 
     @model_validator(mode="after")
     def _cpu_has_one_device(self) -> Accelerator:
         if self.profile == CPU_PROFILE and self.count != 1:
             raise ValueError("accelerator.count must be 1 on the cpu profile")
+        if self.profile == CPU_PROFILE and self.nodes != 1:
+            raise ValueError("accelerator.nodes must be 1 on the cpu profile")
         return self
 
 
@@ -667,6 +692,17 @@ class GLMServiceSpec(SpecModel):
                 },
                 {
                     "rule": "!has(self.longContext) || !self.longContext.enabled || "
+                    "(has(self.longContext.accelerator) ? "
+                    "(!has(self.longContext.accelerator.nodes) || "
+                    "self.longContext.accelerator.nodes == 1) : "
+                    "(!has(self.accelerator.nodes) || self.accelerator.nodes == 1))",
+                    "message": "the long-context pool runs on one node per replica: give "
+                    "longContext.accelerator with nodes 1 (multi-node replicas are not woken "
+                    "from zero)",
+                    "fieldPath": ".longContext.accelerator",
+                },
+                {
+                    "rule": "!has(self.longContext) || !self.longContext.enabled || "
                     "!has(self.longContext.contextLength) || !has(self.contextLength) || "
                     "self.longContext.contextLength > self.contextLength",
                     "message": "longContext.contextLength must be larger than contextLength",
@@ -764,6 +800,13 @@ class GLMServiceSpec(SpecModel):
         if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
             raise ValueError("engine vllm does not run on the cpu accelerator profile")
         long_context = self.long_context
+        if long_context is not None and long_context.enabled and (
+            long_context.accelerator or self.accelerator
+        ).nodes != 1:
+            raise ValueError(
+                "the long-context pool runs on one node per replica: give "
+                "longContext.accelerator with nodes 1"
+            )
         if (
             long_context is not None
             and long_context.enabled

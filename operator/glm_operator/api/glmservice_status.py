@@ -111,6 +111,8 @@ class LlamaCppPlan(StatusModel):
     cache_ram_mib: int | None = Field(default=None, ge=0)
     fit: bool | None = None
     tensor_split: list[int] | None = Field(default=None, description="Layers per device.")
+    rpc_workers: int | None = Field(
+        default=None, ge=0, description="rpc-server pods (nodes - 1) the leader offloads to.")
 
 
 class VllmPlan(StatusModel):
@@ -120,10 +122,22 @@ class VllmPlan(StatusModel):
     max_num_seqs: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, ge=0, le=1)
     tensor_parallel_size: int | None = Field(default=None, ge=1)
+    pipeline_parallel_size: int | None = Field(default=None, ge=1, description="One stage "
+                                               "per node.")
     kv_cache_dtype: str | None = None
     dtype: str | None = None
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     kv_cache_tokens: NonNegativeInt64 | None = None
+
+
+class PlanNodeShare(StatusModel):
+    """One node of a multi-node replica."""
+
+    role: Literal["leader", "worker"]
+    devices: int = Field(ge=1)
+    layers: int = Field(ge=0, description="Model layers this node's devices hold.")
+    weights_bytes: NonNegativeInt64 = Field(description="Weights on this node, all devices.")
+    kv_bytes: NonNegativeInt64 = Field(description="KV cache on this node, all devices.")
 
 
 class PlanSummary(StatusModel):
@@ -133,7 +147,11 @@ class PlanSummary(StatusModel):
     reason: str | None = Field(default=None, description="Why (with the numbers).")
     engine: Literal["llamacpp", "vllm"] | None = None
     accelerator: str | None = Field(default=None, description="Profile name.")
-    count: int | None = Field(default=None, ge=1, description="Devices per replica.")
+    count: int | None = Field(default=None, ge=1, description="Devices per node (per pod).")
+    nodes: int | None = Field(default=None, ge=1, description="Nodes (pods) per replica.")
+    per_node: list[PlanNodeShare] | None = Field(
+        default=None, max_length=16,
+        description="What each node of a multi-node replica holds (the leader first).")
     quantization: str | None = None
     context_length: int | None = Field(default=None, ge=1)
     concurrency: int | None = Field(default=None, ge=1)

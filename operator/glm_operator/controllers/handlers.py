@@ -43,6 +43,7 @@ from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
+from glm_operator.render.groups import LEADER_WORKER_SET_CRD
 from glm_operator.render.keda import SCALED_OBJECT_CRD
 from glm_operator.render.long_context import activity_lease_name
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL, label_value
@@ -53,6 +54,8 @@ INITIAL_FIELD_MANAGER = "glm-operator-initial-replicas"
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 SERVICE_CRD_CHILDREN = (
     ("apps", "v1", "deployments"),
+    ("apps", "v1", "statefulsets"),  # multi-node groups
+    ("networking.k8s.io", "v1", "networkpolicies"),  # multi-node groups
     ("", "v1", "services"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
     ("", "v1", "serviceaccounts"),
@@ -72,6 +75,7 @@ OPTIONAL_CHILD_KINDS = frozenset({
     ("networking.istio.io/v1", "DestinationRule"),
     SCALED_OBJECT,
     ("coordination.k8s.io/v1", "Lease"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
 })
 # Applied after the watched children are pruned: KEDA's admission webhook refuses a
 # ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
@@ -113,6 +117,7 @@ class Runtime:
             istio=(self.kube.crd_established("virtualservices.networking.istio.io", ttl)
                    and self.kube.crd_established("destinationrules.networking.istio.io", ttl)),
             keda=self.kube.crd_established(SCALED_OBJECT_CRD, ttl),
+            leader_worker_set=self.kube.crd_established(LEADER_WORKER_SET_CRD, ttl),
         )
 
 

@@ -186,7 +186,10 @@ def _infeasible_message(pool: str, p: Plan) -> str:
 def _plan_message(p: Plan) -> str:
     gib = 2**30
     m = p.memory
-    return (f"fits on {p.request.count} x {p.profile.name}: weights {m.weights / gib:.1f} GiB + "
+    nodes = (f"{p.request.nodes} nodes (one group of pods per replica) x "
+             if p.request.nodes > 1 else "")
+    return (f"fits on {nodes}{p.request.count} x {p.profile.name}: weights "
+            f"{m.weights / gib:.1f} GiB per device + "
             f"KV {m.kv / gib:.1f} GiB + buffers {(m.compute + m.overhead) / gib:.1f} GiB of "
             f"{m.available / gib:.1f} GiB, {m.headroom / gib:.1f} GiB headroom")
 
@@ -208,10 +211,17 @@ def _autoscaling_condition(autoscaling: Autoscaling, p: Plan) -> tuple[bool, str
     return True, "TargetsUsable", message
 
 
+# The workloads that count a pool's replicas: Deployments, and for multi-node replicas the
+# leader StatefulSet or the LeaderWorkerSet (one replica = one group; the worker StatefulSets
+# carry no pool label). All four report observedGeneration, replicas, updatedReplicas and
+# readyReplicas alike.
+POOL_WORKLOADS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+
+
 def _pool_deployments(children: Sequence[Obj], version: str | None, pool: str) -> list[Obj]:
     return [
         c for c in children
-        if c.get("kind") == "Deployment"
+        if c.get("kind") in POOL_WORKLOADS
         and c.get("metadata", {}).get("labels", {}).get(POOL_LABEL) == pool
         and (version is None
              or c["metadata"]["labels"].get(VERSION_LABEL) == label_value(version))
@@ -636,6 +646,14 @@ def _scaler_condition(condition: Any, renders: Sequence[_Render],
         return
     autoscaling = item.service.spec.autoscaling
     assert autoscaling is not None
+    assert item.version.plan is not None
+    nodes = item.version.plan.request.nodes
+    if nodes > 1:
+        condition(C.AUTOSCALING, False, "GroupsNotAutoscaled",
+                  f"multi-node replicas (accelerator.nodes {nodes}) are not autoscaled yet: "
+                  f"the main pool runs minReplicas ({autoscaling.min_replicas}) groups and no "
+                  "HPA or ScaledObject is made; set replicas to size it")
+        return
     url = config.prometheus.url
     choice = choose_scaler(autoscaling, capabilities.keda, url)
     name = deployment_name(item.service.metadata.name or "", item.version.name, MAIN_POOL)

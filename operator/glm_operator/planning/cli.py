@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     req.add_argument("--quantization", required=True)
     req.add_argument("--engine", choices=("llamacpp", "vllm"), required=True)
     req.add_argument("--accelerator", required=True, help=f"profile: {', '.join(sorted(PROFILES))}")
-    req.add_argument("--count", type=int, default=1, help="devices per replica")
+    req.add_argument("--count", type=int, default=1, help="devices per node (per pod)")
+    req.add_argument("--nodes", type=int, default=1, help="nodes per replica")
     req.add_argument("--context", type=int, default=8192, help="tokens per request")
     req.add_argument("--concurrency", type=int, default=1, help="requests at once")
     req.add_argument("--kv-cache-type", help="f16, q8_0, q4_0 (llama.cpp); auto, fp8 (vLLM)")
@@ -85,7 +86,8 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
     rows = [
         ("model", f"{p.request.facts.architecture}, {p.request.quantization}"
                   f" ({p.weights_basis})"),
-        ("placement", f"{p.request.count} x {p.profile.name} ({p.request.engine})"),
+        ("placement", (f"{p.request.nodes} nodes x " if p.request.nodes > 1 else "")
+                      + f"{p.request.count} x {p.profile.name} ({p.request.engine})"),
         (f"weights ({unit})", f"{gib(m.weights)} GiB"),
         ("KV cache", f"{gib(m.kv)} GiB ({p.kv_bytes_per_token} bytes/token)"),
         ("compute buffers", f"{gib(m.compute)} GiB"),
@@ -109,6 +111,9 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
             ("--load-mode", "mmap" if s.mmap else "none"),
             ("--cache-ram", f"{s.cache_ram_mib} MiB"),
         ]
+        if s.rpc_workers:
+            rows.append(("--rpc", f"{s.rpc_workers} rpc-server workers; --tensor-split "
+                                  + ",".join(str(n) for n in s.tensor_split)))
     if p.vllm:
         v = p.vllm
         rows += [
@@ -116,10 +121,15 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
             ("--max-num-seqs", str(v.max_num_seqs)),
             ("--gpu-memory-utilization", f"{v.gpu_memory_utilization:.2f}"),
             ("--tensor-parallel-size", str(v.tensor_parallel_size)),
+            ("--pipeline-parallel-size", str(v.pipeline_parallel_size)),
             ("--kv-cache-dtype", v.kv_cache_dtype),
             ("--dtype", v.dtype),
             ("KV capacity", f"{v.kv_cache_tokens} tokens"),
         ]
+    for i, n in enumerate(p.per_node):
+        rows.append((f"node {i} ({n.role})",
+                     f"{n.devices} devices, {n.layers} layers, weights {gib(n.weights_bytes)} "
+                     f"GiB, KV {gib(n.kv_bytes)} GiB"))
     r = p.resources
     rows += [
         ("cpu request", f"{r.cpu_request:g}"),
@@ -164,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine,
             accelerator=args.accelerator,
             count=args.count,
+            nodes=args.nodes,
             context_length=args.context,
             concurrency=args.concurrency,
             kv_cache_type=args.kv_cache_type,

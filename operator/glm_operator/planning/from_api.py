@@ -129,6 +129,7 @@ def plan_request_for(
         engine=engine_for(service, model_version),
         accelerator=accelerator.profile,
         count=accelerator.count,
+        nodes=accelerator.nodes,
         context_length=context_length,
         concurrency=concurrency,
         long_context=long_context,

@@ -44,7 +44,10 @@ class PlanRequest:
     quantization: str
     engine: Engine
     accelerator: str
-    count: int = 1  # devices per replica (tensor parallel for vLLM, layer split for llama.cpp)
+    count: int = 1  # devices per node (tensor parallel for vLLM, layer split for llama.cpp)
+    # Nodes per replica: above 1 a replica is a group of pods, one per node (pipeline
+    # parallel across nodes for vLLM, a layer split over RPC backends for llama.cpp).
+    nodes: int = 1
     context_length: int = 8192  # tokens one request may use
     concurrency: int = 1  # requests served at once at full context
     kv_cache_type: str | None = None  # None: f16 (llama.cpp) / auto (vLLM)
@@ -58,6 +61,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"count must be >= 1, got {self.count}")
+        if self.nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {self.nodes}")
         if self.context_length < 256:
             raise ValueError(f"context_length must be >= 256, got {self.context_length}")
         if self.concurrency < 1:
@@ -104,7 +109,8 @@ class LlamaCppSettings:
     mmap: bool
     cache_ram_mib: int
     fit: bool = False  # the pinned llama-server's --fit would override the plan: keep it off
-    tensor_split: tuple[int, ...] = ()  # layers per device when count > 1
+    tensor_split: tuple[int, ...] = ()  # layers per device when count x nodes > 1
+    rpc_workers: int = 0  # nodes - 1: rpc-server pods the leader's llama-server offloads to
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class VllmSettings:
     dtype: str  # auto, or float16 where bf16 is missing (V100)
     max_num_batched_tokens: int
     kv_cache_tokens: int  # what the KV budget holds at this utilization (all GPUs together)
+    pipeline_parallel_size: int = 1  # one stage per node
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,17 @@ class Resources:
     resource_name: str | None
     shared_memory_bytes: int  # /dev/shm (emptyDir, Medium=Memory) for TP communication
     memory_note: str
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """What one node of a multi-node replica holds (node 0 is the leader)."""
+
+    role: str  # "leader" (engine server + gateway) or "worker" (rpc-server / vLLM worker)
+    devices: int
+    layers: int  # llama.cpp: layers incl. the output layer; vLLM: the pipeline stage's layers
+    weights_bytes: int
+    kv_bytes: int
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,7 @@ class Plan:
     vllm: VllmSettings | None = None
     alternatives: tuple[Alternative, ...] = ()
     warnings: tuple[str, ...] = ()
+    per_node: tuple[NodeShare, ...] = ()  # one entry per node when nodes > 1
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly form for GLMService status and `glm-operator plan --json`."""
@@ -164,6 +183,7 @@ class Plan:
             "engine": self.request.engine,
             "accelerator": self.profile.name,
             "count": self.request.count,
+            "nodes": self.request.nodes,
             "quantization": self.request.quantization,
             "contextLength": self.request.context_length,
             "concurrency": self.request.concurrency,
@@ -184,6 +204,12 @@ class Plan:
                 for a in self.alternatives
             ],
         }
+        if self.per_node:
+            out["perNode"] = [
+                {"role": n.role, "devices": n.devices, "layers": n.layers,
+                 "weightsBytes": n.weights_bytes, "kvBytes": n.kv_bytes}
+                for n in self.per_node
+            ]
         if self.llamacpp:
             out["llamacpp"] = asdict(self.llamacpp)
         if self.vllm:
@@ -249,10 +275,18 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
     if request.count > profile.max_devices_per_node:
         return (
             f"{request.count} x {profile.name} per replica exceeds the "
-            f"{profile.max_devices_per_node} devices of one node (a replica never spans nodes)"
+            f"{profile.max_devices_per_node} devices of one node: count is devices per node "
+            "(accelerator.nodes spans nodes)"
         )
     if profile.is_cpu and request.count != 1:
         return "a CPU replica has count 1"
+    if profile.is_cpu and request.nodes != 1:
+        return "a CPU replica runs on one node (nodes 1): multi-node needs accelerators"
+    if request.nodes > 1 and request.allow_partial_offload:
+        return "partial CPU offload and a multi-node replica do not combine"
+    if request.engine == "vllm" and request.nodes > facts.block_count:
+        return (f"{request.nodes} pipeline stages (nodes) exceed the model's "
+                f"{facts.block_count} layers")
     if request.context_length > facts.context_length:
         return (
             f"context {request.context_length} exceeds the model's trained context "
@@ -343,7 +377,7 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         cache_ram = LLAMACPP_PROMPT_CACHE_MIB_CPU
     else:
         available = profile.memory_bytes
-        count = request.count
+        count = request.count * request.nodes  # RPC backends are devices to llama-server
         per_device_units = -(-units // count)
         tensor_split = _split(units, count)
         share = Fraction(per_device_units, units)
@@ -399,10 +433,29 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         ubatch_size=LLAMACPP_N_UBATCH,
         mmap=request.mmap,
         cache_ram_mib=cache_ram,
-        tensor_split=tensor_split if request.count > 1 else (),
+        tensor_split=tensor_split if request.count * request.nodes > 1 else (),
+        rpc_workers=request.nodes - 1,
     )
-    return _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
-                   warnings, llamacpp=settings)
+    per_node: tuple[NodeShare, ...] = ()
+    if request.nodes > 1:
+        # llama-server puts its RPC devices first, its own last (src/llama.cpp: "add RPC
+        # servers at the front of the list"): tensor_split is in that order.
+        c = request.count
+        spans = [(len(tensor_split) - c, len(tensor_split))]  # the leader
+        spans += [((k - 1) * c, k * c) for k in range(1, request.nodes)]
+        per_node = tuple(
+            NodeShare(
+                role="leader" if i == 0 else "worker",
+                devices=c,
+                layers=(layers := sum(tensor_split[lo:hi])),
+                weights_bytes=int(weights.bytes * Fraction(layers, units)),
+                kv_bytes=int(kv_total * Fraction(layers, units)),
+            )
+            for i, (lo, hi) in enumerate(spans)
+        )
+    result = _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+                     warnings, llamacpp=settings)
+    return replace(result, per_node=per_node)
 
 
 def _split(units: int, count: int) -> tuple[int, ...]:
@@ -444,7 +497,7 @@ def mem_breakdown(
 
 def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     facts = request.facts
-    tp = request.count
+    tp, pp = request.count, request.nodes
     kv_dtype = request.kv_cache_type or "auto"
     if kv_dtype not in mem.VLLM_KV_TYPES:
         kv_dtype = "auto"
@@ -456,6 +509,12 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     kv_per_token = mem.kv_bytes_per_token(facts, kv_dtype, kv_dtype)
     seqs = request.concurrency
     tokens = mem.round_up(request.context_length, VLLM_BLOCK_SIZE) * seqs
+    # Pipeline parallel: each node (stage) holds its layers' weights and KV; the largest
+    # stage is the most loaded device.
+    stages = _split(facts.block_count, pp) if pp <= facts.block_count else (facts.block_count,)
+    stage_share = Fraction(stages[0], facts.block_count)
+    kv_per_token_rank = kv_per_token_gpu  # all layers, this rank's KV heads
+    kv_per_token_gpu = int(kv_per_token_gpu * stage_share)
     kv_needed = kv_per_token_gpu * tokens
     utilization = VLLM_GPU_MEMORY_UTILIZATION
     available = profile.memory_bytes
@@ -464,7 +523,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     )
     overhead = profile.runtime_overhead_bytes + (mem.VLLM_TP_COMMUNICATION_BYTES if tp > 1 else 0)
     breakdown = mem_breakdown(
-        weights=weights.bytes // tp,
+        weights=int(weights.bytes * stage_share) // tp,
         kv=kv_needed,
         compute=activation + mem.VLLM_CUDA_GRAPH_BYTES,
         overhead=overhead,
@@ -487,6 +546,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         dtype=dtype,
         max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS,
         kv_cache_tokens=int(kv_tokens),
+        pipeline_parallel_size=pp,
     )
     host = 4 * GiB + 2 * GiB * tp
     resources = Resources(
@@ -501,8 +561,23 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
             "host RAM = API server + one worker per GPU"
         ),
     )
-    return _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
-                   warnings, vllm=settings)
+    per_node: tuple[NodeShare, ...] = ()
+    if pp > 1:
+        per_node = tuple(
+            NodeShare(
+                role="leader" if i == 0 else "worker",
+                devices=tp,
+                layers=layers,
+                weights_bytes=int(weights.bytes * Fraction(layers, facts.block_count)),
+                # Per rank, times the ranks: MLA's one latent KV head is on every rank.
+                kv_bytes=int(kv_per_token_rank * tokens * Fraction(layers, facts.block_count))
+                * tp,
+            )
+            for i, layers in enumerate(stages)
+        )
+    result = _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+                     warnings, vllm=settings)
+    return replace(result, per_node=per_node)
 
 
 def _finish(
@@ -533,6 +608,8 @@ def _finish(
     )
     if feasible:
         where = "node RAM" if profile.is_cpu else f"per {profile.name} device"
+        if request.nodes > 1:
+            where += f" ({request.nodes} nodes x {request.count} devices)"
         reason = (
             f"fits: {gib(breakdown.total)} GiB of {gib(breakdown.available)} GiB {where} "
             f"(weights {gib(breakdown.weights)}, KV {gib(breakdown.kv)}, "
@@ -545,6 +622,31 @@ def _finish(
 
 
 # ---------------------------------------------------------------- alternatives
+
+
+MAX_NODES = 16  # the API's accelerator.nodes bound
+
+
+def _vllm_tp_ok(facts: ArchitectureFacts, count: int) -> bool:
+    return not (facts.head_count % count
+                or (facts.head_count_kv % count and count % facts.head_count_kv))
+
+
+def _multi_node_alternative(
+    request: PlanRequest, profile: AcceleratorProfile, attempt: Any
+) -> None:
+    """One node cannot hold the replica: the fewest full nodes that can (a replica becomes a
+    group of pods, one per node)."""
+    if profile.is_cpu or request.allow_partial_offload:
+        return
+    counts = [c for c in range(profile.max_devices_per_node, 0, -1)
+              if request.engine != "vllm" or _vllm_tp_ok(request.facts, c)]
+    if not counts:
+        return
+    count = counts[0]
+    for nodes in range(max(2, request.nodes + 1), MAX_NODES + 1):
+        if attempt(f"{nodes} nodes x {count} x {profile.name}", nodes=nodes, count=count):
+            return
 
 
 def _alternatives(
@@ -596,13 +698,12 @@ def _alternatives(
     profile = get_profile(request.accelerator, catalog)
     if not profile.is_cpu:
         for count in range(request.count + 1, profile.max_devices_per_node + 1):
-            if request.engine == "vllm" and (
-                facts.head_count % count
-                or (facts.head_count_kv % count and count % facts.head_count_kv)
-            ):
+            if request.engine == "vllm" and not _vllm_tp_ok(facts, count):
                 continue
             if attempt(f"{count} x {profile.name}", count=count):
                 break
+        if not any(a.settings.keys() & {"count"} for a in found):
+            _multi_node_alternative(request, profile, attempt)
 
     bigger = sorted(
         (p for p in catalog.values()
@@ -611,7 +712,8 @@ def _alternatives(
         key=lambda p: p.memory_bytes,
     )
     for other in bigger:
-        if attempt(f"{request.count} x {other.name}" if not other.is_cpu else other.name,
+        nodes = f"{request.nodes} nodes x " if request.nodes > 1 else ""
+        if attempt(f"{nodes}{request.count} x {other.name}" if not other.is_cpu else other.name,
                    accelerator=other.name):
             break
 

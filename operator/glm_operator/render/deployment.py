@@ -26,14 +26,25 @@ def deployment_name(service: str, version: str, pool: str) -> str:
 
 def plan_hash(plan: Plan) -> str:
     """Short hash of what the plan decides; a new plan rolls the pods (and says so)."""
-    decided = {
+    llamacpp = asdict(plan.llamacpp) if plan.llamacpp else None
+    vllm = asdict(plan.vllm) if plan.vllm else None
+    decided: dict[str, Any] = {
         "engine": plan.request.engine,
         "profile": plan.profile.name,
         "count": plan.request.count,
-        "llamacpp": asdict(plan.llamacpp) if plan.llamacpp else None,
-        "vllm": asdict(plan.vllm) if plan.vllm else None,
+        "llamacpp": llamacpp,
+        "vllm": vllm,
         "resources": asdict(plan.resources),
     }
+    # Multi-node settings count only where they are used: a single-node plan hashes as it
+    # did before they existed, so upgrading the operator restarts no pod.
+    if plan.request.nodes > 1:
+        decided["nodes"] = plan.request.nodes
+    else:
+        if llamacpp is not None:
+            del llamacpp["rpc_workers"]
+        if vllm is not None:
+            del vllm["pipeline_parallel_size"]
     return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -24,6 +24,13 @@ VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
 # skip its API keys and rate limits. The kubelet probes the gateway's /enginez (see pod.py).
 ENGINE_HOST = "127.0.0.1"
 VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
+# Multi-node: llama.cpp's rpc-server port (its default), and the Ray head's GCS port. The
+# pinned vLLM (v0.11.0) spans nodes only through Ray: its own multi-node flags (--nnodes,
+# --node-rank, --master-addr) are not in its argument parser yet.
+RPC_SERVER = "rpc-server"
+RPC_PORT = 50052
+RAY_PORT = 6379
+VLLM_DISTRIBUTED_BACKEND = "ray"
 
 
 class EngineArgsError(ValueError):
@@ -41,9 +48,11 @@ def llamacpp_argv(
     alias: str,
     extra_args: Sequence[str] = (),
     threads: int | None = None,
+    rpc_servers: Sequence[str] = (),
 ) -> list[str]:
     """`llama-server` argv (command included) for one replica of a llama.cpp plan;
-    `threads` replaces the plan's when the pod's CPU was overridden."""
+    `threads` replaces the plan's when the pod's CPU was overridden; `rpc_servers`
+    (host:port) are a multi-node replica's workers, whose devices llama-server lists first."""
     settings = plan.llamacpp
     if settings is None:
         raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no llama.cpp settings")
@@ -69,11 +78,38 @@ def llamacpp_argv(
         "--metrics",
         "--no-webui",
     ]  # fmt: skip
+    if len(rpc_servers) != settings.rpc_workers:
+        raise EngineArgsError(f"the plan has {settings.rpc_workers} RPC workers, "
+                              f"{len(rpc_servers)} given")
+    if rpc_servers:
+        argv += ["--rpc", ",".join(rpc_servers)]
     if settings.tensor_split:
         argv += ["--split-mode", "layer",
                  "--tensor-split", ",".join(str(n) for n in settings.tensor_split)]
     argv.extend(extra_args)
     return argv
+
+
+def rpc_server_argv(plan: Plan) -> list[str]:
+    """A llama.cpp multi-node worker: rpc-server serving every device of its node to the
+    leader's llama-server (which sends it the weights: the worker needs no model file).
+    It listens on all addresses: the leader reaches it by its stable hostname."""
+    settings = plan.llamacpp
+    if settings is None:
+        raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no llama.cpp settings")
+    return [RPC_SERVER, "--host", "0.0.0.0", "--port", str(RPC_PORT),
+            "--threads", str(settings.threads)]
+
+
+def ray_worker_argv(leader_address: str) -> list[str]:
+    """A vLLM multi-node worker: a Ray node joining the leader's Ray head, in the foreground."""
+    return ["ray", "start", f"--address={leader_address}:{RAY_PORT}", "--block",
+            "--disable-usage-stats"]
+
+
+def ray_head_argv() -> list[str]:
+    """The leader's Ray head (started beside `vllm serve`, which then runs its workers)."""
+    return ["ray", "start", "--head", f"--port={RAY_PORT}", "--disable-usage-stats"]
 
 
 def vllm_argv(
@@ -94,6 +130,9 @@ def vllm_argv(
         "--host", ENGINE_HOST,
         "--port", str(port),
         "--tensor-parallel-size", str(settings.tensor_parallel_size),
+        *(("--pipeline-parallel-size", str(settings.pipeline_parallel_size),
+           "--distributed-executor-backend", VLLM_DISTRIBUTED_BACKEND)
+          if settings.pipeline_parallel_size > 1 else ()),
         "--max-model-len", str(settings.max_model_len),
         "--max-num-seqs", str(settings.max_num_seqs),
         "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
@@ -111,9 +150,9 @@ def vllm_argv(
 
 def engine_argv(
     plan: Plan, model_path: str, port: int, name: str, extra_args: Sequence[str] = (),
-    threads: int | None = None,
+    threads: int | None = None, rpc_servers: Sequence[str] = (),
 ) -> list[str]:
     """The argv for whichever engine the plan is for."""
     if plan.request.engine == "vllm":
         return vllm_argv(plan, model_path, port, name, extra_args)
-    return llamacpp_argv(plan, model_path, port, name, extra_args, threads)
+    return llamacpp_argv(plan, model_path, port, name, extra_args, threads, rpc_servers)

@@ -21,7 +21,7 @@ from glm_operator.config import OperatorConfig
 from glm_operator.gateway.config import REDIS_PASSWORD_ENV
 from glm_operator.planning import memory as mem
 from glm_operator.planning.planner import Plan
-from glm_operator.render.engine_args import engine_argv
+from glm_operator.render.engine_args import RAY_PORT, engine_argv, ray_head_argv
 from glm_operator.render.model_family import stop_sequences
 from glm_operator.render.names import dns_name
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
@@ -42,7 +42,7 @@ TERMINATION_GRACE_SECONDS = 30  # the gateway drains within 25 s (gateway/cli.py
 
 # vLLM writes caches under $HOME and downloads nothing: the root filesystem is read-only and
 # the model is already on the volume.
-_VLLM_ENV: tuple[tuple[str, str], ...] = (
+VLLM_ENV: tuple[tuple[str, str], ...] = (
     ("HOME", "/tmp"),
     ("XDG_CACHE_HOME", "/tmp/.cache"),
     ("HF_HOME", "/tmp/.cache/huggingface"),
@@ -52,7 +52,11 @@ _VLLM_ENV: tuple[tuple[str, str], ...] = (
     ("VLLM_NO_USAGE_STATS", "1"),
     ("DO_NOT_TRACK", "1"),
 )
-_LLAMACPP_ENV: tuple[tuple[str, str], ...] = (("HOME", "/tmp"),)
+LLAMACPP_ENV: tuple[tuple[str, str], ...] = (("HOME", "/tmp"),)
+# The pod's own name, for argv that names a group's workers after their leader ($(VAR) is
+# expanded by the kubelet, no shell).
+POD_NAME_ENV = "GLM_POD_NAME"
+POD_NAME_VAR = {"name": POD_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 
 
 class RenderInputError(ValueError):
@@ -88,6 +92,9 @@ class PoolContext:
     service_account: str | None = None
     # Replicas chosen by a rollout (a canary sized to its weight); None: from the spec.
     replicas: ReplicaPolicy | None = None
+    # A multi-node replica's leader: the workers' rpc-server addresses (llama.cpp), which
+    # may name $(POD_NAME_ENV).
+    rpc_servers: tuple[str, ...] = ()
 
     @property
     def engine(self) -> str:
@@ -180,8 +187,13 @@ def startup_seconds(ctx: PoolContext) -> int:
     """Time a replica may take to load: size / assumed read throughput + margin."""
     tuning = ctx.config.probes
     size = model_size_bytes(ctx.model_version, ctx.plan)
+    request = ctx.plan.request
     if ctx.engine == "vllm":
-        size //= max(1, ctx.plan.request.count)  # every rank reads its own shard in parallel
+        # every rank (count per node x nodes) reads its own shard in parallel
+        size //= max(1, request.count * request.nodes)
+    elif request.nodes > 1:
+        # the leader reads the file and sends the workers' share over RPC: counted again
+        size += size * (request.nodes - 1) // request.nodes
     seconds = size / (tuning.load_throughput_mib_per_second * mem.MiB)
     seconds += tuning.startup_margin_seconds
     if ctx.engine == "vllm":
@@ -297,6 +309,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         ctx.service_name,
         ctx.service.spec.engine_args or (),
         threads=overridden_threads(ctx),
+        rpc_servers=ctx.rpc_servers,
     )
     split = 2 if ctx.engine == "vllm" else 1  # `vllm serve` vs `llama-server`
     overrides = ctx.service.spec.pod_overrides
@@ -307,13 +320,24 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
     ]
     if ctx.plan.resources.shared_memory_bytes:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    env = _env_list(VLLM_ENV if ctx.engine == "vllm" else LLAMACPP_ENV, user_env)
+    lifecycle: dict[str, Any] = {}
+    if any(f"$({POD_NAME_ENV})" in a for a in argv):
+        env.insert(0, POD_NAME_VAR)
+    if ctx.plan.vllm is not None and ctx.plan.vllm.pipeline_parallel_size > 1:
+        # The leader of a vLLM group: a Ray head in this container (it must see this
+        # node's devices), started beside `vllm serve`, whose Ray executor connects to it and
+        # waits for the workers' Ray nodes to join.
+        env.append({"name": "RAY_ADDRESS", "value": f"127.0.0.1:{RAY_PORT}"})
+        lifecycle = {"lifecycle": {"postStart": {"exec": {"command": ray_head_argv()}}}}
     return {
         "name": ENGINE_CONTAINER,
         "image": engine_image(ctx),
         "command": argv[:split],
         "args": argv[split:],
         # No `ports`: the engine is reachable on loopback only, never through a Service.
-        "env": _env_list(_VLLM_ENV if ctx.engine == "vllm" else _LLAMACPP_ENV, user_env),
+        "env": env,
+        **lifecycle,
         "resources": engine_resources(ctx),
         "volumeMounts": mounts,
         **engine_probes(ctx),

@@ -32,8 +32,16 @@ from glm_operator.render.deployment import (
     MAIN_POOL,
     build_deployment,
     deployment_name,
+    desired_replicas,
 )
 from glm_operator.render.environment import render_object
+from glm_operator.render.groups import (
+    build_headless_service,
+    build_leader_worker_set,
+    build_network_policy,
+    build_statefulsets,
+    group_model,
+)
 from glm_operator.render.keda import build_scaled_object, prometheus_triggers
 from glm_operator.render.long_context import (
     activity_lease_name,
@@ -83,6 +91,7 @@ class Capabilities:
     service_monitor: bool = False
     istio: bool = False
     keda: bool = False  # KEDA's ScaledObject CRD
+    leader_worker_set: bool = False  # LeaderWorkerSet's CRD (multi-node replicas)
 
 
 @dataclass(frozen=True)
@@ -199,7 +208,11 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
         service_account=gateway_sa,
         replicas=inputs.main_replicas,
     )
-    objects = [build_deployment(main, owner)]
+    multi_node = inputs.plan.request.nodes > 1
+    if multi_node:
+        objects = _main_groups(main, inputs.capabilities, owner)
+    else:
+        objects = [build_deployment(main, owner)]
     if lc_pool is not None:
         objects.append(build_deployment(lc_pool, owner))
     objects.append(build_service(main_service_name(name), namespace, name, MAIN_POOL, owner,
@@ -210,7 +223,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
 
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
-    if svc.spec.autoscaling is not None and inputs.with_autoscaler:
+    if svc.spec.autoscaling is not None and inputs.with_autoscaler and not multi_node:
         objects += _main_autoscaler(inputs, name, namespace, version, version_labels, owner)
     lc_spec = svc.spec.long_context
     if lc_pool is not None and lc_spec is not None and long_context_hpa_wanted(lc_spec):
@@ -246,6 +259,19 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
             build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
     return objects
+
+
+def _main_groups(ctx: PoolContext, capabilities: Capabilities,
+                 owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A multi-node main pool: one group of pods per replica, as a LeaderWorkerSet when its
+    CRD is served, else as StatefulSets and a headless Service. Groups are not autoscaled
+    yet: an autoscaled service runs minReplicas groups (its Autoscaling condition says so)."""
+    _, groups = desired_replicas(ctx)
+    model = group_model(ctx, groups)
+    policy = build_network_policy(model, owner)
+    if capabilities.leader_worker_set:
+        return [build_leader_worker_set(model, owner), policy]
+    return [*build_statefulsets(model, owner), build_headless_service(model, owner), policy]
 
 
 def _main_autoscaler(inputs: ServiceInputs, name: str, namespace: str, version: str,
