@@ -54,10 +54,9 @@ from glm_operator.render.pod import (
     container_security_context,
     engine_image,
     engine_resources,
-    node_affinity,
+    placement,
     pod_security_context,
     pod_spec,
-    tolerations,
     volumes,
 )
 from glm_operator.wellknown import PLAN_HASH_ANNOTATION, PREFIX
@@ -149,19 +148,8 @@ class GroupModel:
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": pod_security_context(ctx.config),
+            **placement(ctx),
         }
-        overrides = ctx.service.spec.pod_overrides
-        if overrides is not None and overrides.priority_class_name:
-            spec["priorityClassName"] = overrides.priority_class_name
-        if overrides is not None and overrides.node_selector:
-            spec["nodeSelector"] = dict(overrides.node_selector)
-        affinity = (copy.deepcopy(overrides.affinity)
-                    if overrides is not None and overrides.affinity else node_affinity(ctx.plan))
-        if affinity:
-            spec["affinity"] = affinity
-        tol = tolerations(ctx)
-        if tol:
-            spec["tolerations"] = tol
         spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
         spec["containers"] = [self._worker_container(leader_address)]
         names = {m["name"] for m in spec["containers"][0]["volumeMounts"]}

@@ -478,6 +478,24 @@ def volumes(ctx: PoolContext) -> list[dict[str, Any]]:
     return out
 
 
+def placement(ctx: PoolContext) -> dict[str, Any]:
+    """Priority class, node selector, affinity and tolerations of every pod of the pool."""
+    out: dict[str, Any] = {}
+    overrides = ctx.service.spec.pod_overrides
+    if overrides is not None and overrides.priority_class_name:
+        out["priorityClassName"] = overrides.priority_class_name
+    if overrides is not None and overrides.node_selector:
+        out["nodeSelector"] = dict(overrides.node_selector)
+    affinity = (copy.deepcopy(overrides.affinity)  # never hand out the input's own dict
+                if overrides is not None and overrides.affinity else node_affinity(ctx.plan))
+    if affinity:
+        out["affinity"] = affinity
+    tol = tolerations(ctx)
+    if tol:
+        out["tolerations"] = tol
+    return out
+
+
 def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if ctx.service_account:
@@ -487,18 +505,7 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec["automountServiceAccountToken"] = bool(ctx.service_account)
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
     spec["securityContext"] = pod_security_context(ctx.config)
-    overrides = ctx.service.spec.pod_overrides
-    if overrides is not None and overrides.priority_class_name:
-        spec["priorityClassName"] = overrides.priority_class_name
-    if overrides is not None and overrides.node_selector:
-        spec["nodeSelector"] = dict(overrides.node_selector)
-    affinity = (copy.deepcopy(overrides.affinity)  # never hand out the input's own dict
-                if overrides is not None and overrides.affinity else node_affinity(ctx.plan))
-    if affinity:
-        spec["affinity"] = affinity
-    tol = tolerations(ctx)
-    if tol:
-        spec["tolerations"] = tol
+    spec.update(placement(ctx))
     spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
     spec["containers"] = [engine_container(ctx), gateway_container(ctx)]
     spec["volumes"] = volumes(ctx)
