@@ -75,6 +75,13 @@ def chunked_in_one_packet(body: bytes) -> list[bytes]:
     return [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(EVENTS)]
 
 
+def chunk_split_after_head(body: bytes) -> list[bytes]:
+    # The head and part of the first chunk in one packet: the rest of that chunk comes
+    # without a size line of its own and must follow the part already relayed.
+    framed = chunked(EVENTS)
+    return [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + framed[:25], framed[25:]]
+
+
 @pytest.fixture
 async def raw_engine() -> AsyncIterator[tuple[list[list[bytes]], str]]:
     """An engine that answers each connection with the next scripted packets, then closes."""
@@ -97,7 +104,8 @@ async def raw_engine() -> AsyncIterator[tuple[list[list[bytes]], str]]:
     server.close()
 
 
-@pytest.mark.parametrize("framing", [by_length, until_close, chunked_in_one_packet])
+@pytest.mark.parametrize("framing", [by_length, until_close, chunked_in_one_packet,
+                                     chunk_split_after_head])
 async def test_relays_each_framing(raw_engine: tuple[list[list[bytes]], str],
                                    framing: Callable[[bytes], list[bytes]]) -> None:
     script, url = raw_engine
@@ -107,7 +115,8 @@ async def test_relays_each_framing(raw_engine: tuple[list[list[bytes]], str],
         script.append(framing(b"".join(EVENTS)))
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert response.status == 200
-        assert await response.read() == b"".join(EVENTS)
+        async with asyncio.timeout(10):  # broken framing leaves the client waiting
+            assert await response.read() == b"".join(EVENTS)
         text = await (await client.get("/metrics")).text()
         assert 'glm_gateway_completion_tokens_total{model_version="v1",pool="main",' \
                'service="glm"} 2.0' in text

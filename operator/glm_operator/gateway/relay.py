@@ -157,7 +157,8 @@ class EngineExchange(asyncio.Protocol):
         self.head: asyncio.Future[EngineHead] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self._buffer = bytearray()  # the head, then a body not relayed
-        self._pieces: list[bytes] = []
+        self._pieces: list[bytes] = []  # the body's payload, read before any relay()
+        self._raw: list[bytes] = []  # the same bytes as they came, chunk framing included
         self._chunked: ChunkedBody | None = None
         self._length: int | None = None  # Content-Length left, when not chunked
         self._until_close = False  # neither: the body ends with the connection
@@ -249,9 +250,10 @@ class EngineExchange(asyncio.Protocol):
             self._settle()
 
     def _collect(self, data: bytes) -> None:
-        """Keep a body that is read whole (not relayed)."""
+        """Keep a body that is read whole, or its first bytes until relay() starts."""
         if self._chunked is not None:
-            self._chunked.feed(data, self._pieces)
+            used = self._chunked.feed(data, self._pieces)
+            self._raw.append(data[:used])
             if self._chunked.complete:
                 self._settle()
         elif self._length is not None:
@@ -304,13 +306,19 @@ class EngineExchange(asyncio.Protocol):
         self._capture = capture
         self._drain_client = drain_client
         self._reframe = self._chunked is None
-        # Body bytes that came with the head were taken apart by _collect: frame them again.
+        # Body bytes that came before this call (with the head, or while the handler woke):
+        # as they came when chunked (a chunk may continue in the next packet), else framed.
         pending, self._pieces = [p for p in self._pieces if p], []
+        raw, self._raw = b"".join(self._raw), []
+        ended = self.done.done() and self.done.exception() is None
+        if not self._reframe:
+            if raw:
+                client.write(raw)
+        elif pending or ended:
+            client.write(b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pending)
+                         + (b"0\r\n\r\n" if ended else b""))
         if pending:
-            client.write(b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pending))
             self._note(pending)
-        if self.done.done() and self.done.exception() is None:
-            client.write(b"0\r\n\r\n")
 
     def _forward(self, data: bytes) -> None:
         client = self._relay_to
