@@ -183,8 +183,23 @@ def runtime() -> Runtime:
 def _plain(body: Mapping[str, Any]) -> Obj:
     """The object as a plain dict, every top-level field kept: not all kinds keep their
     content under spec (a Role's rules, a RoleBinding's roleRef, a ServiceAccount's
-    automountServiceAccountToken), and a field missing here would look like drift."""
-    return {key: body[key] for key in body}
+    automountServiceAccountToken), and a field missing here would look like drift.
+
+    `metadata.managedFields` is cut to what a reconcile reads (who owns spec.replicas, see
+    `_replicas_ours_alone`): it is 40 % of a Deployment's bytes, and the cache holds one
+    copy of every child."""
+    plain = {key: body[key] for key in body}
+    meta = plain.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("managedFields"):
+        plain["metadata"] = {**meta, "managedFields": _replicas_owners(meta["managedFields"])}
+    return plain
+
+
+def _replicas_owners(entries: list[Obj]) -> list[Obj]:
+    return [{"manager": entry.get("manager"), "operation": entry.get("operation"),
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+            for entry in entries
+            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})]
 
 
 @kopf.index(GROUP, VERSION, "glmservices")
