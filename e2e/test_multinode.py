@@ -57,8 +57,18 @@ SERVICE = {
 }
 
 
-def group_pods(kubectl: Kubectl, ns: str) -> list[dict[str, Any]]:
-    return kubectl.items("pods", "-n", ns, "-l", f"{SERVICE_LABEL}={NAME}")
+def group_pods(kubectl: Kubectl, ns: str, version: str = VERSION) -> list[dict[str, Any]]:
+    return kubectl.items("pods", "-n", ns, "-l",
+                         f"{SERVICE_LABEL}={NAME},glm-operator.dev/version={version}")
+
+
+def fetched(kubectl: Kubectl, ns: str, wait_for: Wait, name: str) -> None:
+    mv = {**MODEL_VERSION, "metadata": {"name": name}}
+    kubectl.apply(mv, namespace=ns)
+    wait_for(lambda: kubectl.items("jobs", "-n", ns, "-l",
+                                   f"glm-operator.dev/model-version={name}"),
+             timeout=60, what=f"the fetch Job of {name}")
+    report_fetched(kubectl, ns, name, size=MODEL_VERSION["spec"]["facts"]["sizeBytes"])
 
 
 def running(pods: list[dict[str, Any]]) -> bool:
@@ -66,11 +76,11 @@ def running(pods: list[dict[str, Any]]) -> bool:
                for p in pods)
 
 
-def wait_groups(kubectl: Kubectl, ns: str, wait_for: Wait, groups: int, size: int
-                ) -> list[dict[str, Any]]:
+def wait_groups(kubectl: Kubectl, ns: str, wait_for: Wait, groups: int, size: int,
+                version: str = VERSION) -> list[dict[str, Any]]:
     """Wait for `groups` ready groups of `size` running pods; return the pods."""
     def settled() -> list[dict[str, Any]] | None:
-        pods = [p for p in group_pods(kubectl, ns)
+        pods = [p for p in group_pods(kubectl, ns, version)
                 if not p["metadata"].get("deletionTimestamp")]
         status = glms(kubectl, ns, NAME).get("status", {})
         if (len(pods) == groups * size and running(pods)
@@ -82,12 +92,13 @@ def wait_groups(kubectl: Kubectl, ns: str, wait_for: Wait, groups: int, size: in
     return pods
 
 
-def check_groups(kubectl: Kubectl, ns: str, pods: list[dict[str, Any]], groups: int) -> None:
+def check_groups(kubectl: Kubectl, ns: str, pods: list[dict[str, Any]], groups: int,
+                 set_name: str = SET) -> None:
     """Every group: its leader and workers on distinct L4 nodes, under stable names."""
     by_name = {p["metadata"]["name"]: p for p in pods}
     for g in range(groups):
-        leader = by_name[f"{SET}-{g}"]
-        workers = [by_name[f"{SET}-{g}-{w}"] for w in (1, 2)]
+        leader = by_name[f"{set_name}-{g}"]
+        workers = [by_name[f"{set_name}-{g}-{w}"] for w in (1, 2)]
         nodes = [p["spec"]["nodeName"] for p in (leader, *workers)]
         assert len(set(nodes)) == 3, f"group {g} shares a node: {nodes}"
         for node in nodes:
@@ -95,13 +106,13 @@ def check_groups(kubectl: Kubectl, ns: str, pods: list[dict[str, Any]], groups: 
         for pod in (leader, *workers):
             # The StatefulSet controller gives each pod its stable DNS name.
             assert pod["spec"]["hostname"] == pod["metadata"]["name"]
-            assert pod["spec"]["subdomain"] == SET
+            assert pod["spec"]["subdomain"] == set_name
         assert leader["metadata"]["labels"][ROLE_LABEL] == "leader"
         assert {c["name"] for c in leader["spec"]["containers"]} == {"engine", "gateway"}
         engine = next(c for c in leader["spec"]["containers"] if c["name"] == "engine")
         args = engine["args"]
         rpc = args[args.index("--rpc") + 1].replace("$(GLM_POD_NAME)", leader["metadata"]["name"])
-        assert rpc.split(",") == [f"{w['metadata']['name']}.{SET}.{ns}.svc.cluster.local:50052"
+        assert rpc.split(",") == [f"{w['metadata']['name']}.{set_name}.{ns}.svc.cluster.local:50052"
                                   for w in workers]
         for worker in workers:
             (container,) = worker["spec"]["containers"]
@@ -124,11 +135,7 @@ def endpoint_hostnames(kubectl: Kubectl, ns: str) -> set[str]:
 def test_a_service_too_big_for_one_node_runs_as_groups_placed_one_pod_per_node(
         operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
     ns = namespace
-    kubectl.apply(MODEL_VERSION, namespace=ns)
-    wait_for(lambda: kubectl.items("jobs", "-n", ns, "-l",
-                                   f"glm-operator.dev/model-version={VERSION}"),
-             timeout=60, what="the fetch Job")
-    report_fetched(kubectl, ns, VERSION, size=MODEL_VERSION["spec"]["facts"]["sizeBytes"])
+    fetched(kubectl, ns, wait_for, VERSION)
     kubectl.apply(SERVICE, namespace=ns)
     # One node of eight L4 cannot hold it: the plan says so and proposes more nodes.
     planned = wait_condition(kubectl, ns, NAME, "Planned", "False", wait_for)
@@ -172,6 +179,20 @@ def test_a_service_too_big_for_one_node_runs_as_groups_placed_one_pod_per_node(
     wait_groups(kubectl, ns, wait_for, groups=1, size=3)
     wait_for(lambda: not kubectl.exists("statefulset", f"{SET}-1", "-n", ns),
              timeout=60, what="the second group's worker StatefulSet removed")
+
+    # A new version rolls out by whole groups (surge): its group comes up beside the old
+    # one (each L4 node has room for one more pod of four), then the old group goes.
+    v2 = f"{VERSION}-v2"
+    fetched(kubectl, ns, wait_for, v2)
+    kubectl("patch", "glmservice", NAME, "-n", ns, "--type=merge", "-p",
+            json.dumps({"spec": {"modelVersion": v2}}))
+    wait_for(lambda: glms(kubectl, ns, NAME).get("status", {}).get("stableModelVersion") == v2,
+             timeout=120, what=f"{v2} promoted")
+    pods = wait_groups(kubectl, ns, wait_for, groups=1, size=3, version=v2)
+    check_groups(kubectl, ns, pods, groups=1, set_name=f"{NAME}-{v2}")
+    wait_for(lambda: not group_pods(kubectl, ns, VERSION)
+             and not kubectl.exists("statefulset", SET, "-n", ns),
+             timeout=120, what="the old version's group removed")
 
     # Deleting the service takes every child with it (owner references, the real GC).
     kubectl("delete", "glmservice", NAME, "-n", ns, "--wait=true")

@@ -48,6 +48,23 @@ def test_renders_service_and_model_version_children(
     assert all("ownerReferences" not in d["metadata"] for d in docs)
 
 
+@pytest.mark.parametrize(("flags", "workloads"), [
+    ([], ["StatefulSet", "StatefulSet", "Service", "NetworkPolicy"]),
+    (["--leader-worker-set"], ["LeaderWorkerSet", "NetworkPolicy"]),
+])
+def test_a_multi_node_service_renders_its_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], workloads: list[str]
+) -> None:
+    manifest = offline_service(contextLength=8192, concurrency=1)
+    manifest["spec"]["modelVersion"] = "glm46-q4"
+    manifest["spec"]["accelerator"] = {"profile": "nvidia-a10", "count": 4, "nodes": 3}
+    svc = write(tmp_path, "svc.yaml", manifest)
+    mv = write(tmp_path, "mv.yaml", mv_manifest("glm46-q4"))
+    assert main(["render", "-f", svc, "-f", mv, "--no-model-version-children", *flags]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds == [*workloads, "Service"]
+
+
 def test_operator_config_file_is_used(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

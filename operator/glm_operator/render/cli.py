@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="as if KEDA's ScaledObject CRD were installed: spec.autoscaling "
                         "renders a ScaledObject where its scaler (Auto with prometheus.url in "
                         "--config, or KEDA) chooses KEDA")
+    parser.add_argument("--leader-worker-set", action="store_true",
+                        help="as if LeaderWorkerSet's CRD were installed: a multi-node service "
+                        "(accelerator.nodes > 1) renders a LeaderWorkerSet instead of "
+                        "StatefulSets and a headless Service")
     parser.add_argument("--no-model-version-children", action="store_true",
                         help="render only the GLMServices' children (not the cache PVC and "
                         "fetch Job of each ModelVersion)")
@@ -162,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         objects = render_documents(
             _documents(args.filename), config, namespace=args.namespace,
-            capabilities=Capabilities(service_monitor=args.service_monitor, keda=args.keda),
+            capabilities=Capabilities(service_monitor=args.service_monitor, keda=args.keda,
+                                      leader_worker_set=args.leader_worker_set),
             model_version_children=not args.no_model_version_children,
         )
     except (RenderCommandError, ValueError) as exc:
