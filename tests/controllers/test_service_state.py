@@ -476,3 +476,18 @@ def test_multi_node_service_is_a_leader_worker_set_when_its_crd_is_served() -> N
                       "readyReplicas": 1}
     ready = decide(svc, [ready_mv(mv)], [live], capabilities=Capabilities(leader_worker_set=True))
     assert ready.status.stable_model_version == mv["metadata"]["name"]
+
+
+def test_a_plan_change_under_the_same_version_says_groups_restart_in_place() -> None:
+    mv, svc = load("nvidia-h100-multinode-vllm")
+    first = decide(svc, [ready_mv(mv)])
+    leader = statefulsets(first.desired)[0]
+    live = [as_ready(leader)]
+    settled = decide(svc, [ready_mv(mv)], live)
+    assert cond(settled, "Progressing").reason == "Stable"
+    live[0]["metadata"]["generation"] = 2  # the new plan's template, not rolled out yet
+    svc["status"] = dump(settled)
+    rolling = decide(svc, [ready_mv(mv)], live)
+    progressing = cond(rolling, "Progressing")
+    assert (progressing.status, progressing.reason) == ("True", "GroupsRestartingInPlace")
+    assert "cannot surge" in progressing.message

@@ -734,7 +734,14 @@ def _progress_conditions(condition: Any, decision: rollouts.RolloutDecision | No
                   if target.servable else
                   f"waiting for ModelVersion {wanted!r} before rolling out")
     elif not all(_rolled_out(d, 0) for d in target_deployments):
-        condition(C.PROGRESSING, True, "RollingOut", "pods are being replaced")
+        if any(d.get("kind") != "Deployment" for d in target_deployments):
+            condition(C.PROGRESSING, True, "GroupsRestartingInPlace",
+                      "multi-node groups are being restarted in place, one at a time: a "
+                      "group cannot surge, so one group fewer serves meanwhile (a single "
+                      "group is down until it has reloaded); a new ModelVersion rolls by "
+                      "surge instead")
+        else:
+            condition(C.PROGRESSING, True, "RollingOut", "pods are being replaced")
     else:
         condition(C.PROGRESSING, False, "Stable", f"{wanted} is rolled out")
 
