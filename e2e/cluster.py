@@ -578,6 +578,11 @@ def _node_is_ready(node: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def _nodes_missing(client: Kubectl) -> bool:
+    wanted = {node["metadata"]["name"] for node in node_manifests(load_nodes_file())}
+    return not wanted <= {node["metadata"]["name"] for node in client.items("nodes")}
+
+
 def populate(client: Kubectl) -> None:
     spec = load_nodes_file()
     nodes = node_manifests(spec)
@@ -647,6 +652,10 @@ def _up_locked(build: bool) -> Kubectl:
                 log("up, but without some third-party CRDs added since; installing them")
                 install_crds(client)
                 _write_ready_marker()
+            elif _nodes_missing(client):
+                # A cluster started before a pool was added to nodes.yaml.
+                log("up, but without some fake nodes added to nodes.yaml since; creating them")
+                populate(client)
             else:
                 log(f"already up; nothing to do. KUBECONFIG={kubeconfig_path()}")
             return client
