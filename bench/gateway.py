@@ -1,13 +1,13 @@
 """Gateway overhead: the same load direct to llama-server and through the gateway, side by side.
 
     python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
-                            [--event-loops auto|uvloop,asyncio] [--baseline GIT_REF]
+                            [--event-loops auto|uvloop,asyncio] [--baseline REF[,REF]]
                             [--router auto|off] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
 One llama-server (the pinned build, a tiny random-weight model, one slot per client) and, in
-front of it, one gateway process per event loop, optionally one running the gateway code of
-another git revision (`--baseline`, for before/after in one run) and vllm-router (the Rust
+front of it, one gateway process per event loop, optionally one per git revision running that
+revision's gateway code (`--baseline`, for before/after in one run) and vllm-router (the Rust
 router, `pip install -e '.[bench]'`; no keys, limits or audit) as the reference column. For
 each mode (non-streaming, streaming) and concurrency level the load runs alternately direct
 and through each path (`rounds` times each, so a drift in machine load hits all alike).
@@ -114,6 +114,11 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
                     # llama-server sometimes closes a keep-alive connection after a stream;
                     # the client retries once on a new one, on both paths alike.
                     results.append(await _one(session, url, body, stream))
+                except RuntimeError as exc:
+                    # An error answer (a 503 from a stale engine connection on a loaded
+                    # machine): said, and retried once, so one does not lose the whole run.
+                    print(f"  retried after {exc}", flush=True)
+                    results.append(await _one(session, url, body, stream))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -125,9 +130,10 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
 
 def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, rounds: int = 2,
                   engine_threads: int = 1, work_dir: Path | None = None,
-                  event_loops: tuple[str, ...] = ("auto",), baseline: str | None = None,
+                  event_loops: tuple[str, ...] = ("auto",), baselines: tuple[str, ...] = (),
                   router: bool = True) -> dict[str, object]:
-    """One gateway per event loop in `event_loops` (and one running `baseline`'s code, and
+    """One gateway per event loop in `event_loops` (and one per git revision in `baselines`
+    running that revision's code, and
     vllm-router when installed and `router`), all in front of the same engine and measured in
     the same rounds, so they compare side by side too."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="glm-bench-gateway-"))
@@ -147,10 +153,10 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
         gateways = {loop: stack.enter_context(GatewayProcess.start(
             engine.url, work / loop, [*gateway_args, "--event-loop", loop],
             service_name="bench")) for loop in event_loops}
-        if baseline:
-            source = _export_operator(baseline, work / "baseline")
-            gateways[f"baseline {baseline}"] = stack.enter_context(GatewayProcess.start(
-                engine.url, work / "baseline", gateway_args, service_name="bench",
+        for ref in baselines:
+            source = _export_operator(ref, work / "baseline" / ref)
+            gateways[f"baseline {ref}"] = stack.enter_context(GatewayProcess.start(
+                engine.url, work / "baseline" / ref, gateway_args, service_name="bench",
                 env={"PYTHONPATH": str(source)}))
         paths: dict[str, tuple[str, Callable[[], float]]] = {
             name: (gateway.url, gateway.cpu_seconds) for name, gateway in gateways.items()}
@@ -291,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-loops", default="auto",
                         help="comma-separated gateway event loops to compare (auto, uvloop, "
                              "asyncio), one gateway each, measured in the same rounds")
-    parser.add_argument("--baseline", metavar="GIT_REF",
-                        help="also run a gateway with the code of this git revision")
+    parser.add_argument("--baseline", metavar="GIT_REF[,GIT_REF]", default="",
+                        help="also run a gateway with the code of each git revision")
     parser.add_argument("--router", choices=("auto", "off"), default="auto",
                         help=f"auto: add {ROUTER} as a reference column when installed")
     parser.add_argument("--json", type=Path)
@@ -300,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
                            args.rounds, args.engine_threads,
                            event_loops=tuple(args.event_loops.split(",")),
-                           baseline=args.baseline, router=args.router == "auto")
+                           baselines=tuple(filter(None, args.baseline.split(","))),
+                           router=args.router == "auto")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
@@ -82,13 +83,32 @@ def chunk_split_after_head(body: bytes) -> list[bytes]:
     return [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + framed[:25], framed[25:]]
 
 
+@dataclass
+class RawEngine:
+    script: list[list[bytes]] = field(default_factory=list)
+    posts: int = 0  # connections that carried a request to relay
+    idle: set[asyncio.StreamWriter] = field(default_factory=set)  # sent no request yet
+
+
 @pytest.fixture
-async def raw_engine() -> AsyncIterator[tuple[list[list[bytes]], str]]:
+async def raw_engine_state() -> AsyncIterator[tuple[RawEngine, str]]:
     """An engine that answers each connection with the next scripted packets, then closes."""
-    script: list[list[bytes]] = []
+    state = RawEngine()
+    script = state.script
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
+        state.idle.add(writer)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return  # closed by either side before a request
+        finally:
+            state.idle.discard(writer)
+        if head.startswith(b"GET"):  # the gateway's health checks
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            writer.close()
+            return
+        state.posts += 1
         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                       if line.lower().startswith(b"content-length"))
         await reader.readexactly(length)
@@ -100,8 +120,41 @@ async def raw_engine() -> AsyncIterator[tuple[list[list[bytes]], str]]:
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    yield script, f"http://127.0.0.1:{port}"
+    yield state, f"http://127.0.0.1:{port}"
     server.close()
+
+
+@pytest.fixture
+def raw_engine(raw_engine_state: tuple[RawEngine, str]) -> tuple[list[list[bytes]], str]:
+    return raw_engine_state[0].script, raw_engine_state[1]
+
+
+async def test_spare_connection_is_used_and_a_closed_one_skipped(
+        raw_engine_state: tuple[RawEngine, str]) -> None:
+    state, url = raw_engine_state
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100))
+    try:
+        framed = [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(EVENTS)]
+        state.script.extend([framed, framed, framed])
+        for _ in range(2):
+            response = await client.post("/v1/chat/completions",
+                                         json={**CHAT, "stream": True})
+            assert await response.read() == b"".join(EVENTS)
+        # The first request connected and opened a spare; the second used that spare and
+        # opened the next one.
+        for _ in range(100):
+            if state.idle:
+                break
+            await asyncio.sleep(0.01)
+        assert state.posts == 2 and len(state.idle) == 1
+        for writer in list(state.idle):  # the engine drops the idle spare
+            writer.close()
+        await asyncio.sleep(0.05)
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert await response.read() == b"".join(EVENTS)
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize("framing", [by_length, until_close, chunked_in_one_packet,

@@ -8,8 +8,10 @@ bytes, chunk framing included, straight to the client's transport: one callback 
 write per packet, no coroutine switch. The framing is followed (ChunkedBody) only to know
 where the answer ends and to keep its last events, where the engine puts the token counts.
 
-Each request opens its own connection with `Connection: close`: the pinned llama-server
+Each request has its own connection with `Connection: close`: the pinned llama-server
 closes a keep-alive connection after every streamed answer anyway (docs/performance.md).
+EngineConnector keeps one connection opened ahead (a spare), so a request's bytes leave
+without waiting for a TCP handshake.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ TAIL_EVENTS = 4  # the last chunks kept: usage / timings always fit in these
 STREAM_END = b"data: [DONE]"  # the OpenAI stream's last event (llama-server and vLLM)
 
 DrainFn = Callable[[], Awaitable[None]]  # waits until the client's socket buffer drained
+# A spare older than this is dropped, not used: llama-server (cpp-httplib) closes a connection
+# that sent no request for 5 s, and a request written into a closing socket would be lost.
+SPARE_MAX_AGE_SECONDS = 3.0
 
 
 class EngineProtocolError(Exception):
@@ -169,14 +174,26 @@ class EngineExchange(asyncio.Protocol):
         self._drain_client: DrainFn | None = None
         self._last_data = loop.time()
         self._timer: asyncio.TimerHandle | None = None
+        self.sent = False
+        self.lost = False
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, yet have its methods.
         self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, path: str, authority: str, body: bytes) -> None:
+        """Write the request (a POST of JSON); the read timeout counts from here."""
+        assert self.transport is not None
+        self.sent = True
+        self._last_data = self._loop.time()
         if self._read_timeout:
             self._timer = self._loop.call_later(self._read_timeout, self._check_timeout)
+        self.transport.write(
+            b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
+            % (path.encode(), authority.encode(), len(body), body))
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self._loop.time()
@@ -195,6 +212,9 @@ class EngineExchange(asyncio.Protocol):
         return None  # close our side too; connection_lost settles the exchange
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if not self.sent:
+            return  # a spare the engine closed: never used, nobody waits on it
         if self._timer is not None:
             self._timer.cancel()
         if self._drain is not None:
@@ -392,22 +412,77 @@ class EngineExchange(asyncio.Protocol):
             self.transport.abort()
 
 
-async def open_exchange(address: EngineAddress, path: str, body: bytes,
-                        connect_timeout: float | None, read_timeout: float | None
-                        ) -> EngineExchange:
-    """Send one POST on a new connection; return once the answer's head has arrived."""
-    loop = asyncio.get_running_loop()
-    exchange = EngineExchange(loop, read_timeout)
-    async with asyncio.timeout(connect_timeout):
-        await loop.create_connection(lambda: exchange, address.host, address.port)
-    assert exchange.transport is not None
-    exchange.transport.write(
-        b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
-        % (path.encode(), address.authority.encode(), len(body), body))
-    try:
-        await exchange.head
-    except BaseException:
-        exchange.abort()
-        raise
-    return exchange
+class EngineConnector:
+    """Opens each streamed request's connection to the engine, keeping one opened ahead."""
+
+    def __init__(self, address: EngineAddress, connect_timeout: float | None,
+                 read_timeout: float | None, keep_spare: bool = True) -> None:
+        self.address = address
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._keep_spare = keep_spare
+        self._spare: EngineExchange | None = None
+        self._spare_at = 0.0
+        self._opening: asyncio.Task[None] | None = None
+
+    async def _connect(self) -> EngineExchange:
+        loop = asyncio.get_running_loop()
+        exchange = EngineExchange(loop, self._read_timeout)
+        async with asyncio.timeout(self._connect_timeout):
+            await loop.create_connection(lambda: exchange, self.address.host,
+                                         self.address.port)
+        return exchange
+
+    async def _open_spare(self) -> None:
+        try:
+            spare = await self._connect()
+        except (OSError, TimeoutError):
+            return  # the next request connects itself, and says why it could not
+        finally:
+            self._opening = None
+        if self._spare is not None:
+            self._spare.abort()
+        self._spare, self._spare_at = spare, asyncio.get_running_loop().time()
+
+    def _take_spare(self) -> EngineExchange | None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        age = asyncio.get_running_loop().time() - self._spare_at
+        if spare.lost or age > SPARE_MAX_AGE_SECONDS:
+            spare.abort()
+            return None
+        return spare
+
+    async def open(self, path: str, body: bytes) -> EngineExchange:
+        """Send one POST; return once the answer's head has arrived."""
+        exchange = self._take_spare() if self._keep_spare else None
+        if self._keep_spare and self._opening is None:
+            self._opening = asyncio.create_task(self._open_spare())
+        if exchange is not None:
+            exchange.send(path, self.address.authority, body)
+            try:
+                await exchange.head
+                return exchange
+            except ConnectionResetError:
+                # The engine closed the spare before reading the request: send it again on
+                # a new connection (the engine never saw it).
+                exchange.abort()
+            except BaseException:
+                exchange.abort()
+                raise
+        exchange = await self._connect()
+        exchange.send(path, self.address.authority, body)
+        try:
+            await exchange.head
+        except BaseException:
+            exchange.abort()
+            raise
+        return exchange
+
+    def close(self) -> None:
+        if self._opening is not None:
+            self._opening.cancel()
+        if self._spare is not None:
+            self._spare.abort()
+            self._spare = None

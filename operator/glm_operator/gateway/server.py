@@ -36,11 +36,11 @@ from glm_operator.gateway.metrics import GatewayMetrics
 from glm_operator.gateway.relay import (
     ClientGone,
     EngineAddress,
+    EngineConnector,
     EngineExchange,
     EngineProtocolError,
     EngineTimeout,
     StreamCapture,
-    open_exchange,
 )
 from glm_operator.gateway.usage import context_overflow, token_counts
 from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
@@ -86,7 +86,9 @@ class Gateway:
         self._at_engine = 0
         self._held = 0
         # Streamed requests to this pod's engine go through the transport-level relay.
-        self._engine_address = EngineAddress.parse(config.engine_url)
+        address = EngineAddress.parse(config.engine_url)
+        self._engine = None if address is None else EngineConnector(
+            address, config.connect_timeout_seconds, config.read_timeout_seconds)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -156,6 +158,8 @@ class Gateway:
                 task.cancel()
         if self._session is not None:
             await self._session.close()
+        if self._engine is not None:
+            self._engine.close()
         self.audit.close()
         if self.limits is not None:
             await self.limits.close()
@@ -374,10 +378,10 @@ class Gateway:
     async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
                        record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
         """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
-        if (parsed.stream and self._engine_address is not None
+        if (parsed.stream and self._engine is not None
                 and request.version >= aiohttp.HttpVersion11):
             return await self._forward_stream(request, parsed, path, record, started, rid,
-                                              self._engine_address)
+                                              self._engine)
         self._at_engine += 1
         self._set_queued()
         try:
@@ -496,16 +500,14 @@ class Gateway:
 
     async def _forward_stream(self, request: web.Request, parsed: ParsedRequest, path: str,
                               record: AuditRecord, started: float, rid: str,
-                              address: EngineAddress) -> web.StreamResponse:
+                              engine: EngineConnector) -> web.StreamResponse:
         """A streamed request to this pod's engine, relayed at the transport level; on a
         context-size refusal, to the long-context pool like any other."""
         self._at_engine += 1
         self._set_queued()
         try:
             try:
-                exchange = await open_exchange(address, path, parsed.body,
-                                               self.config.connect_timeout_seconds,
-                                               self.config.read_timeout_seconds)
+                exchange = await engine.open(path, parsed.body)
             except (TimeoutError, EngineTimeout):
                 raise errors.engine_timeout(self.config.read_timeout_seconds) from None
             except (OSError, EngineProtocolError) as exc:
