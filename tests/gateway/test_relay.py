@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 from glm_operator.gateway.relay import ChunkedBody, EngineAddress, EngineProtocolError
 
 from .test_server import CHAT, base_config, gateway_client
@@ -58,6 +60,12 @@ def test_engine_address() -> None:
     assert EngineAddress.parse("http://engine/") == EngineAddress("engine", 80, "engine")
     assert EngineAddress.parse("https://engine:8443") is None  # aiohttp's client does TLS
     assert EngineAddress.parse("http://engine:80/prefix") is None
+
+
+async def relay_gateway(url: str) -> TestClient[web.Request, web.Application]:
+    """A gateway in front of `url` that never calls it unasked (no warm-up, shape given)."""
+    return await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                            context_length=100))
 
 
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -132,8 +140,7 @@ def raw_engine(raw_engine_state: tuple[RawEngine, str]) -> tuple[list[list[bytes
 async def test_spare_connection_is_used_and_a_closed_one_skipped(
         raw_engine_state: tuple[RawEngine, str]) -> None:
     state, url = raw_engine_state
-    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
-                                              context_length=100))
+    client = await relay_gateway(url)
     try:
         framed = [SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(EVENTS)]
         state.script.extend([framed, framed, framed])
@@ -162,8 +169,7 @@ async def test_spare_connection_is_used_and_a_closed_one_skipped(
 async def test_relays_each_framing(raw_engine: tuple[list[list[bytes]], str],
                                    framing: Callable[[bytes], list[bytes]]) -> None:
     script, url = raw_engine
-    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
-                                              context_length=100))
+    client = await relay_gateway(url)
     try:
         script.append(framing(b"".join(EVENTS)))
         response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
@@ -180,8 +186,7 @@ async def test_relays_each_framing(raw_engine: tuple[list[list[bytes]], str],
 async def test_non_sse_answer_to_a_stream_request_is_passed_whole(
         raw_engine: tuple[list[list[bytes]], str]) -> None:
     script, url = raw_engine
-    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
-                                              context_length=100))
+    client = await relay_gateway(url)
     try:
         error = json.dumps({"error": {"code": 500, "message": "boom"}}).encode()
         script.append([b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json"
@@ -196,8 +201,7 @@ async def test_non_sse_answer_to_a_stream_request_is_passed_whole(
 async def test_engine_breaking_off_mid_chunk_drops_the_client(
         raw_engine: tuple[list[list[bytes]], str]) -> None:
     script, url = raw_engine
-    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
-                                              context_length=100))
+    client = await relay_gateway(url)
     try:
         framed = chunked(EVENTS)
         script.append([SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n", framed[:20]])
