@@ -4,7 +4,8 @@
 
 On the local control plane (started if needed) it measures, for each N of the curve, in one
 run:
-  1. floor: the children of N services (rendered offline by the same renderer) created
+  1. floor: the children of N services (decided offline by the operator's own code, with
+     the cluster's optional CRDs, so Istio routing and ServiceMonitors included) created
      directly by a plain kubernetes-client loop, until every Deployment has a ready pod;
   2. operator: N GLMServices applied at once, until every one reports Ready=True;
   3. the ratio operator / floor (target <= 1.2);
@@ -113,9 +114,10 @@ def run_floor(kubectl: Kubectl, mv: dict[str, Any], n: int) -> float:
     # The ModelVersion's own children (the cache PVC the pods mount) come first, as the
     # operator would create them.
     children = render_model_version(ModelVersion.model_validate(fetched), OperatorConfig())
+    capabilities = cluster_capabilities(str(kubectl.kubeconfig))
     for svc in services(n):
         svc["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), generation=1)
-        children += render_children(svc, fetched)
+        children += render_children(svc, fetched, capabilities)
     client = KubeClient.from_environment(str(kubectl.kubeconfig))
     started = time.monotonic()
     for obj in children:
@@ -128,18 +130,30 @@ def run_floor(kubectl: Kubectl, mv: dict[str, Any], n: int) -> float:
     return elapsed
 
 
-def render_children(svc: dict[str, Any], mv: dict[str, Any]) -> list[dict[str, Any]]:
-    from glm_operator.api import GLMService, ModelVersion
+def render_children(svc: dict[str, Any], mv: dict[str, Any],
+                    capabilities: Any = None) -> list[dict[str, Any]]:
+    """What the operator would hold for this service, decided offline by the operator's own
+    code with the cluster's optional CRDs (Istio, ServiceMonitor): the floor creates the
+    same objects the operator does."""
     from glm_operator.config import OperatorConfig
-    from glm_operator.planning.from_api import plan_request_for
-    from glm_operator.planning.planner import plan
-    from glm_operator.render.service import Capabilities, ServiceInputs, render_service
+    from glm_operator.controllers.service_state import decide_service
+    from glm_operator.render.service import Capabilities
 
-    service, model = GLMService.model_validate(svc), ModelVersion.model_validate(mv)
-    inputs = ServiceInputs(service=service, model_version=model,
-                           plan=plan(plan_request_for(service, model)), long_context_plan=None,
-                           config=OperatorConfig(), capabilities=Capabilities())
-    return render_service(inputs)
+    config = OperatorConfig()
+    decision = decide_service(svc, {mv["metadata"]["name"]: mv}, [], config, config.profiles,
+                              capabilities or Capabilities())
+    return decision.desired
+
+
+def cluster_capabilities(kubeconfig: str) -> Any:
+    from glm_operator.kube.client import KubeClient
+    from glm_operator.render.service import Capabilities
+
+    kube = KubeClient.from_environment(kubeconfig)
+    return Capabilities(
+        service_monitor=kube.crd_established("servicemonitors.monitoring.coreos.com"),
+        istio=(kube.crd_established("virtualservices.networking.istio.io")
+               and kube.crd_established("destinationrules.networking.istio.io")))
 
 
 def api_requests(operator: OperatorProcess, verbs: tuple[str, ...]) -> float:
