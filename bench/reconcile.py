@@ -180,11 +180,14 @@ def peak_rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def single_change_seconds(client: Any, namespace: str, name: str, context: int) -> float:
+def single_change_seconds(client: Any, namespace: str, name: str, version: str,
+                          context: int) -> float:
     """Change one service's spec and time until the operator has re-rendered it: the
     Deployment's engine arguments carry the new context length and the status observed the
-    generation. Polled with one client every 50 ms (two GETs per poll)."""
-    from glm_operator.wellknown import GROUP, VERSION
+    generation. Polled with one client every 50 ms (two GETs by name per poll, so the poll
+    costs the same at any N)."""
+    from glm_operator.render.deployment import deployment_name
+    from glm_operator.wellknown import GROUP, MAIN_POOL, VERSION
 
     api = f"{GROUP}/{VERSION}"
     started = time.monotonic()
@@ -195,10 +198,9 @@ def single_change_seconds(client: Any, namespace: str, name: str, context: int) 
     while time.monotonic() < deadline:
         body = client.get(api, "GLMService", namespace, name) or {}
         if (body.get("status") or {}).get("observedGeneration") == generation:
-            deployments = client.list("apps/v1", "Deployment", namespace,
-                                      f"glm-operator.dev/service={name}")
-            if any(str(context) in json.dumps(d["spec"]["template"]["spec"]["containers"])
-                   for d in deployments):
+            deployment = client.get("apps/v1", "Deployment", namespace,
+                                    deployment_name(name, version, MAIN_POOL)) or {}
+            if str(context) in json.dumps(deployment.get("spec", {}).get("template", {})):
                 return time.monotonic() - started
         time.sleep(0.05)
     raise TimeoutError(f"GLMService {name} not re-reconciled within 300 s")
@@ -243,7 +245,8 @@ def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> 
               flush=True)
 
         step = max(1, n // SINGLE_CHANGES)
-        changes = [single_change_seconds(client, namespace, f"bench-{i * step:04d}", 4096)
+        changes = [single_change_seconds(client, namespace, f"bench-{i * step:04d}",
+                                         mv["metadata"]["name"], 4096)
                    for i in range(min(SINGLE_CHANGES, n))]
         single = statistics.median(changes)
         print(f"[{n}] one changed service re-reconciled in {single:.2f}s (median of "
