@@ -223,7 +223,10 @@ def _vllm_router(binary: str, engine_url: str, work: Path
     log = (work / "vllm-router.log").open("wb")
     process = subprocess.Popen(
         [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,
-         "--policy", "round_robin", "--log-level", "warning"],
+         "--policy", "round_robin", "--log-level", "warning",
+         # llama-server closes a keep-alive connection after each streamed answer; the
+         # router counts those as worker failures and, at 32 streams, opens its breaker.
+         "--disable-circuit-breaker"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
