@@ -428,9 +428,13 @@ class EngineConnector:
     async def _connect(self) -> EngineExchange:
         loop = asyncio.get_running_loop()
         exchange = EngineExchange(loop, self._read_timeout)
-        async with asyncio.timeout(self._connect_timeout):
-            await loop.create_connection(lambda: exchange, self.address.host,
-                                         self.address.port)
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await loop.create_connection(lambda: exchange, self.address.host,
+                                             self.address.port)
+        except TimeoutError:
+            # Unreachable, not slow: the gateway answers 503, as for a refused connection.
+            raise ConnectionError(f"no connection within {self._connect_timeout:g} s") from None
         return exchange
 
     async def _open_spare(self) -> None:

@@ -508,7 +508,7 @@ class Gateway:
         try:
             try:
                 exchange = await engine.open(path, parsed.body)
-            except (TimeoutError, EngineTimeout):
+            except EngineTimeout:
                 raise errors.engine_timeout(self.config.read_timeout_seconds) from None
             except (OSError, EngineProtocolError) as exc:
                 raise errors.engine_unavailable(
