@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -498,6 +499,17 @@ class Gateway:
             return self._whole_answer(upstream.status, content_type, body, record, rid)
         return await self._stream(request, upstream, record, started, rid, content_type)
 
+    @contextlib.contextmanager
+    def _relay_errors(self, where: str) -> Iterator[None]:
+        """The relay's failures as the gateway's own errors: a timeout is 504, anything
+        else the engine did (refused, dropped, bad framing) is 503 naming `where`."""
+        try:
+            yield
+        except EngineTimeout:
+            raise errors.engine_timeout(self.config.read_timeout_seconds) from None
+        except (OSError, EngineProtocolError) as exc:
+            raise errors.engine_unavailable(f"{where}: {exc or type(exc).__name__}") from None
+
     async def _forward_stream(self, request: web.Request, parsed: ParsedRequest, path: str,
                               record: AuditRecord, started: float, rid: str,
                               engine: EngineConnector) -> web.StreamResponse:
@@ -506,25 +518,15 @@ class Gateway:
         self._at_engine += 1
         self._set_queued()
         try:
-            try:
+            with self._relay_errors(f"{self.config.engine_url}{path}"):
                 exchange = await engine.open(path, parsed.body)
-            except EngineTimeout:
-                raise errors.engine_timeout(self.config.read_timeout_seconds) from None
-            except (OSError, EngineProtocolError) as exc:
-                raise errors.engine_unavailable(
-                    f"{self.config.engine_url}{path}: {exc or type(exc).__name__}") from None
             try:
                 head = await exchange.head
                 if head.status == 200 and head.content_type.startswith(SSE):
                     return await self._relay_stream(request, exchange, record, started, rid,
                                                     head.content_type)
-                try:
+                with self._relay_errors("the engine dropped the answer"):
                     body = await exchange.read_body()
-                except EngineTimeout:
-                    raise errors.engine_timeout(self.config.read_timeout_seconds) from None
-                except (OSError, EngineProtocolError) as exc:
-                    raise errors.engine_unavailable(
-                        f"the engine dropped the answer: {exc}") from None
             finally:
                 exchange.abort()
             overflow = context_overflow(head.status, body)
