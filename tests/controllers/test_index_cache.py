@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from glm_operator.controllers.handlers import _plain, _replicas_ours_alone
+from glm_operator.controllers.handlers import (
+    _created_by_plain_create,
+    _plain,
+    _replicas_ours_alone,
+)
 from glm_operator.kube.client import FIELD_MANAGER
 
 APPLY: dict[str, Any] = {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "apps/v1",
@@ -43,3 +47,21 @@ def test_objects_without_managed_fields_are_kept_as_they_are() -> None:
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "s"},
             "automountServiceAccountToken": False}
     assert _plain(body) == body
+
+
+CREATED: dict[str, Any] = {"manager": "glm-operator-initial-replicas", "operation": "Update",
+                           "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}},
+                                        "f:spec": {"f:template": {"f:spec": {}}}}}
+
+
+def test_an_older_operators_create_entry_stays_visible_after_an_autoscaler_took_replicas() -> None:
+    """An older operator created hands-off objects with a plain create: its `Update` entry
+    owns every field it was created with. Once an HPA has taken replicas from it, the entry
+    no longer owns replicas, but the reconcile must still see it to retire it."""
+    scaled = deployment(APPLY, CREATED, {**STATUS, "subresource": "scale",
+                                         "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+    cached = _plain(scaled)
+    assert _created_by_plain_create(cached) and _created_by_plain_create(scaled)
+    assert {"manager": "glm-operator-initial-replicas", "operation": "Update",
+            "fieldsV1": {}} in cached["metadata"]["managedFields"]
+    assert not _created_by_plain_create(_plain(deployment(APPLY, HPA)))

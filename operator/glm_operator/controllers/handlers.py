@@ -41,6 +41,7 @@ from glm_operator.controllers.service_state import decide_service, long_context_
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
+from glm_operator.kube.field_sets import merged_field_sets, without_replicas
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.groups import LEADER_WORKER_SET_CRD
@@ -196,10 +197,16 @@ def _plain(body: Mapping[str, Any]) -> Obj:
 
 
 def _replicas_owners(entries: list[Obj]) -> list[Obj]:
-    return [{"manager": entry.get("manager"), "operation": entry.get("operation"),
-             "fieldsV1": {"f:spec": {"f:replicas": {}}}}
-            for entry in entries
-            if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {})]
+    """Who owns spec.replicas, and the create-time entry of an older operator's plain create
+    (`_created_by_plain_create`) even when an autoscaler has since taken replicas from it."""
+    kept: list[Obj] = []
+    for entry in entries:
+        marker = {"manager": entry.get("manager"), "operation": entry.get("operation")}
+        if "f:replicas" in ((entry.get("fieldsV1") or {}).get("f:spec") or {}):
+            kept.append({**marker, "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+        elif marker == {"manager": INITIAL_FIELD_MANAGER, "operation": "Update"}:
+            kept.append({**marker, "fieldsV1": {}})
+    return kept
 
 
 @kopf.index(GROUP, VERSION, "glmservices")
@@ -299,6 +306,11 @@ def _sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj],
             kube.apply(_replicas_only(created), field_manager=INITIAL_FIELD_MANAGER)
             metrics.CHILD_WRITES.labels(kind=obj["kind"], action="handover").inc()
             writes += 2
+            continue
+        if hands_off_replicas and current is not None and _created_by_plain_create(current):
+            writes += _retire_create_entry(kube, current)
+            _apply(kube, obj, Drift(DriftReason.INTENT_CHANGED, "metadata.managedFields"))
+            writes += 1
             continue
         if hands_off_replicas and current is not None and _replicas_ours_alone(current):
             # A pool whose size a rollout set is handed to its HPA: another manager takes
@@ -415,6 +427,51 @@ def _replicas_ours_alone(live: Mapping[str, Any]) -> bool:
               for entry in live.get("metadata", {}).get("managedFields") or []
               if "f:replicas" in (entry.get("fieldsV1") or {}).get("f:spec", {})}
     return owners == {(FIELD_MANAGER, "Apply")}
+
+
+def _created_by_plain_create(live: Mapping[str, Any]) -> bool:
+    """Whether an older operator made this object with a plain create under the
+    initial-replicas manager: that left an `Update` entry owning every field the object was
+    created with, so a field later dropped from the intent would stay, co-owned by it."""
+    return any(_is_create_entry(entry)
+               for entry in live.get("metadata", {}).get("managedFields") or [])
+
+
+def _retire_create_entry(kube: KubeClient, live: Mapping[str, Any]) -> int:
+    """Bring an object from the plain-create path to today's ownership, once, the way
+    kubectl's client-side-apply upgrade does: the initial-replicas manager applies replicas
+    alone (at the live count, so nothing rescales), and the fields its create-time `Update`
+    entry still owns move into the operator's own apply entry. The operator's next apply then
+    drops what its intent no longer sets, as for any object it created itself. A patch that
+    sets managedFields replaces the list (the API's documented way to edit ownership); the
+    resourceVersion guards it against a concurrent write."""
+    meta = live["metadata"]
+    applied = kube.apply(_replicas_only(live), field_manager=INITIAL_FIELD_MANAGER)
+    entries = applied.get("metadata", {}).get("managedFields") or []
+    moved = [entry for entry in entries if _is_create_entry(entry)]
+    kept = [entry for entry in entries if not _is_create_entry(entry)]
+    ours = next((entry for entry in kept if entry.get("manager") == FIELD_MANAGER
+                 and entry.get("operation") == "Apply" and not entry.get("subresource")), None)
+    if ours is None:
+        ours = {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": live["apiVersion"],
+                "time": moved[0].get("time") if moved else None, "fieldsType": "FieldsV1",
+                "fieldsV1": {}}
+        kept.append(ours)
+    for entry in moved:
+        ours["fieldsV1"] = merged_field_sets(ours.get("fieldsV1") or {},
+                                             without_replicas(entry.get("fieldsV1") or {}))
+    kube.patch_merge(live["apiVersion"], live["kind"], meta.get("namespace"), meta["name"],
+                     {"metadata": {"resourceVersion": applied["metadata"]["resourceVersion"],
+                                   "managedFields": kept}})
+    log.info("%s %s/%s: the fields an older operator's create owned are now the operator's "
+             "applied fields (replicas stay the autoscaler's)", live["kind"],
+             meta.get("namespace"), meta["name"])
+    metrics.CHILD_WRITES.labels(kind=live["kind"], action="handover").inc()
+    return 2
+
+
+def _is_create_entry(entry: Mapping[str, Any]) -> bool:
+    return entry.get("manager") == INITIAL_FIELD_MANAGER and entry.get("operation") == "Update"
 
 
 def _replicas_only(live: Mapping[str, Any]) -> Obj:
