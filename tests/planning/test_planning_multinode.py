@@ -79,3 +79,28 @@ def test_status_plan_carries_the_per_node_figures() -> None:
     assert summary.vllm is not None and summary.vllm.pipeline_parallel_size == 2
     single = PlanSummary.model_validate(plan(BF16_ON_H100).summary())
     assert single.nodes == 1 and single.per_node is None
+
+
+def test_llamacpp_split_places_blocks_and_the_output_layer_as_llama_cpp_does() -> None:
+    """llama.cpp keeps the input embeddings in host memory, gives each device its units of
+    blocks and the last unit (the output layer) to the last device, which is the leader's
+    own: so the leader's 4 units of a 5/4/4 split are 3 blocks and the output matrix."""
+    from glm_operator.planning.facts import ArchitectureFacts
+    from glm_operator.planning.planner import LayerBytes, _device_holdings, _layer_bytes
+    facts = ArchitectureFacts(architecture="llama", block_count=12, embedding_length=256,
+                              head_count=4, head_count_kv=4, context_length=8192,
+                              vocab_size=1000, weights_bytes=25_000_000, quantization="F16")
+    matrix = 1000 * 256 * 2
+    layer = _layer_bytes(facts, "F16", 25_000_000, 12)
+    assert layer == LayerBytes(host=matrix, block=(25_000_000 - 2 * matrix) // 12, output=matrix)
+    tied = _layer_bytes(replace(facts, tied_embeddings=True), "F16", 25_000_000, 12)
+    assert tied.block == (25_000_000 - matrix) // 12 and tied.output == matrix
+    held = _device_holdings((5, 4, 4), layer, kv_total=1200, n_layers=12)
+    assert held == [(5 * layer.block, 500), (4 * layer.block, 400),
+                    (3 * layer.block + matrix, 300)]
+    p = plan(PlanRequest(facts=facts, quantization="F16", engine="llamacpp",
+                         accelerator="nvidia-l4", nodes=3, context_length=2048))
+    assert [(n.role, n.layers) for n in p.per_node] == [
+        ("leader", 4), ("worker", 5), ("worker", 4)]
+    assert p.per_node[0].weights_bytes == 3 * layer.block + matrix
+    assert p.memory.weights == 5 * layer.block  # the most loaded device: the first worker

@@ -110,7 +110,7 @@ class LlamaCppSettings:
     cache_ram_mib: int
     fit: bool = False  # the pinned llama-server's --fit would override the plan: keep it off
     tensor_split: tuple[int, ...] = ()  # layers per device when count x nodes > 1
-    rpc_workers: int = 0  # nodes - 1: rpc-server pods the leader's llama-server offloads to
+    rpc_workers: int = 0  # nodes - 1: ggml-rpc-server pods the leader's llama-server offloads to
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class Resources:
 class NodeShare:
     """What one node of a multi-node replica holds (node 0 is the leader)."""
 
-    role: str  # "leader" (engine server + gateway) or "worker" (rpc-server / vLLM worker)
+    role: str  # "leader" (engine server + gateway) or "worker" (ggml-rpc-server / vLLM worker)
     devices: int
     layers: int  # llama.cpp: layers incl. the output layer; vLLM: the pipeline stage's layers
     weights_bytes: int
@@ -378,12 +378,17 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     else:
         available = profile.memory_bytes
         count = request.count * request.nodes  # RPC backends are devices to llama-server
-        per_device_units = -(-units // count)
         tensor_split = _split(units, count)
-        share = Fraction(per_device_units, units)
+        if count > 1:
+            layer_bytes = _layer_bytes(facts, request.quantization, weights.bytes, n_layers)
+            device_weights, device_kv = max(
+                _device_holdings(tensor_split, layer_bytes, kv_total, n_layers),
+                key=lambda held: held[0] + held[1])
+        else:
+            device_weights, device_kv = weights.bytes, kv_total
         breakdown = mem_breakdown(
-            weights=int(weights.bytes * share),
-            kv=int(kv_total * Fraction(min(per_device_units, n_layers), n_layers)),
+            weights=device_weights,
+            kv=device_kv,
             compute=compute,
             overhead=profile.runtime_overhead_bytes,
             reserved=int(available * LLAMACPP_RESERVE_FRACTION),
@@ -437,25 +442,61 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         rpc_workers=request.nodes - 1,
     )
     per_node: tuple[NodeShare, ...] = ()
-    if request.nodes > 1:
+    if request.nodes > 1 and tensor_split:  # a CPU plan has no split (and refuses nodes)
         # llama-server puts its RPC devices first, its own last (src/llama.cpp: "add RPC
         # servers at the front of the list"): tensor_split is in that order.
         c = request.count
+        held = _device_holdings(
+            tensor_split, _layer_bytes(facts, request.quantization, weights.bytes, n_layers),
+            kv_total, n_layers)
         spans = [(len(tensor_split) - c, len(tensor_split))]  # the leader
         spans += [((k - 1) * c, k * c) for k in range(1, request.nodes)]
         per_node = tuple(
             NodeShare(
                 role="leader" if i == 0 else "worker",
                 devices=c,
-                layers=(layers := sum(tensor_split[lo:hi])),
-                weights_bytes=int(weights.bytes * Fraction(layers, units)),
-                kv_bytes=int(kv_total * Fraction(layers, units)),
+                layers=sum(tensor_split[lo:hi]),
+                weights_bytes=sum(w for w, _ in held[lo:hi]),
+                kv_bytes=sum(k for _, k in held[lo:hi]),
             )
             for i, (lo, hi) in enumerate(spans)
         )
     result = _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
                      warnings, llamacpp=settings)
     return replace(result, per_node=per_node)
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """Where llama.cpp puts a model's weights when it offloads layers: the input embeddings
+    stay in host memory, each block goes to the device the split gives it, and the output
+    layer to the device of the last unit (src/llama-model.cpp, load_tensors)."""
+
+    host: int  # token embeddings
+    block: int  # one repeating layer
+    output: int  # output norm + output matrix (a device copy of the embeddings when tied)
+
+
+def _layer_bytes(facts: ArchitectureFacts, quant: str, total: int, n_layers: int) -> LayerBytes:
+    matrix = int(mem.vocab_size(facts) * facts.embedding_length
+                 * mem.quantization(quant).bits_per_weight / 8)
+    in_file = matrix if facts.tied_embeddings else 2 * matrix
+    if in_file * 2 > total:  # facts that do not add up: every unit weighs the same
+        even = total // (n_layers + 1)
+        return LayerBytes(host=0, block=even, output=even)
+    return LayerBytes(host=matrix, block=(total - in_file) // n_layers, output=matrix)
+
+
+def _device_holdings(tensor_split: tuple[int, ...], layer_bytes: LayerBytes, kv_total: int,
+                     n_layers: int) -> list[tuple[int, int]]:
+    """(weights, KV) bytes on each device of a layer split, in llama.cpp's device order: a
+    device gets its units of blocks, the last one holds the output layer as its last unit."""
+    last = max(i for i, units in enumerate(tensor_split) if units)
+    held = []
+    for i, units in enumerate(tensor_split):
+        blocks, output = (units - 1, layer_bytes.output) if i == last else (units, 0)
+        held.append((blocks * layer_bytes.block + output, kv_total * blocks // n_layers))
+    return held
 
 
 def _split(units: int, count: int) -> tuple[int, ...]:
