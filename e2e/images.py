@@ -45,6 +45,7 @@ from glm_operator.config import OperatorConfig
 from glm_operator.planning.accelerators import runtime_images
 
 from e2e import toolchain
+from e2e.llama_build import BUILD_TARGETS
 
 REPO = Path(__file__).resolve().parent.parent
 IMAGES_DIR = REPO / "runtime-images"
@@ -329,12 +330,14 @@ def python_spec() -> ImageSpec:
 
 
 def _llama_context(work: Path) -> Path:
-    """The Dockerfile and the llama-server the toolchain built (prebuilt/llama-server)."""
-    binary = toolchain.ensure("llama_cpp_python") / "llama-server"
+    """The Dockerfile and the binaries the toolchain built (prebuilt/llama-server,
+    prebuilt/ggml-rpc-server)."""
+    built = toolchain.ensure("llama_cpp_python")
     context = work / "llamacpp"
     (context / "prebuilt").mkdir(parents=True)
     shutil.copy2(llama_cpu_spec().dockerfile, context / "Dockerfile")
-    shutil.copy2(binary, context / "prebuilt" / "llama-server")
+    for binary in BUILD_TARGETS:
+        shutil.copy2(built / binary, context / "prebuilt" / binary)
     return context
 
 

@@ -12,6 +12,7 @@ exactly these flags, so the binary the tests start is the binary users get.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -34,9 +35,20 @@ LLAMA_CPU_CMAKE_FLAGS: tuple[str, ...] = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
+    # The RPC backend: llama-server's --rpc and the ggml-rpc-server binary that multi-node
+    # workers run (tools/rpc), from the same build.
+    "-DGGML_RPC=ON",
 )
-BUILD_TARGET = "llama-server"
+# llama-server, and the worker of a multi-node group (its name in this llama.cpp tree).
+BUILD_TARGETS: tuple[str, ...] = ("llama-server", "ggml-rpc-server")
 BUILD_JOBS = 2
+
+
+def flags_key() -> str:
+    """A short hash of the build's flags and targets: part of the toolchain's cache directory
+    name, so a changed flag rebuilds instead of reusing a binary built without it."""
+    text = "\n".join((*LLAMA_CPU_CMAKE_FLAGS, *BUILD_TARGETS))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 class LlamaBuildError(RuntimeError):
@@ -114,7 +126,7 @@ def _extract(archive: Path, work: Path) -> Path:
 
 
 def build_llama_server(version: str, out: Path, work: Path) -> None:
-    """Download the sdist, build `llama-server` with LLAMA_CPU_CMAKE_FLAGS, copy it into `out`."""
+    """Download the sdist, build BUILD_TARGETS with LLAMA_CPU_CMAKE_FLAGS, copy them into `out`."""
     started = time.monotonic()
     _log(f"downloading llama-cpp-python {version} sdist")
     source = _extract(_download_sdist(version, work), work)
@@ -123,16 +135,18 @@ def build_llama_server(version: str, out: Path, work: Path) -> None:
     _log(f"configuring {source} ({' '.join(LLAMA_CPU_CMAKE_FLAGS)})")
     _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *LLAMA_CPU_CMAKE_FLAGS],
          work, "configure")
-    _log(f"compiling --target {BUILD_TARGET} with -j{BUILD_JOBS} (about 5-10 minutes on 2 cores)")
-    _run(["cmake", "--build", str(build_dir), "--target", BUILD_TARGET, "-j", str(BUILD_JOBS)],
-         work, "compile")
-    binary = build_dir / "bin" / BUILD_TARGET
-    if not binary.exists():
-        raise LlamaBuildError(f"the build finished but {binary} is missing")
+    targets = [arg for target in BUILD_TARGETS for arg in ("--target", target)]
+    _log(f"compiling {' '.join(BUILD_TARGETS)} with -j{BUILD_JOBS} "
+         "(about 10-20 minutes on 2 cores)")
+    _run(["cmake", "--build", str(build_dir), *targets, "-j", str(BUILD_JOBS)], work, "compile")
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(binary, out / BUILD_TARGET)
-    os.chmod(out / BUILD_TARGET, 0o755)
-    _log(f"llama-server built in {int(time.monotonic() - started)}s")
+    for target in BUILD_TARGETS:
+        binary = build_dir / "bin" / target
+        if not binary.exists():
+            raise LlamaBuildError(f"the build finished but {binary} is missing")
+        shutil.copy2(binary, out / target)
+        os.chmod(out / target, 0o755)
+    _log(f"{', '.join(BUILD_TARGETS)} built in {int(time.monotonic() - started)}s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -117,7 +117,7 @@ def check_groups(kubectl: Kubectl, ns: str, pods: list[dict[str, Any]], groups: 
         for worker in workers:
             (container,) = worker["spec"]["containers"]
             assert [*container["command"], *container["args"][:4]] == [
-                "rpc-server", "--host", "0.0.0.0", "--port", "50052"]
+                "ggml-rpc-server", "--host", "0.0.0.0", "--port", "50052"]
             assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
             # Spread also comes from the scheduler's default topology spreading; the group's
             # required anti-affinity is what makes it a rule.

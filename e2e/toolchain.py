@@ -50,7 +50,19 @@ def cache_root() -> Path:
 
 
 def component_dir(name: str) -> Path:
-    return cache_root() / f"{name}-{versions()[name]}"
+    key = BUILD_KEYS[name]() if name in BUILD_KEYS else ""
+    return cache_root() / f"{name}-{versions()[name]}{'-' + key if key else ''}"
+
+
+def _llama_flags_key() -> str:
+    from e2e.llama_build import flags_key
+
+    return flags_key()
+
+
+# Components whose build has options beyond their version: the options' hash joins the cache
+# directory name, so changing one rebuilds.
+BUILD_KEYS: dict[str, Callable[[], str]] = {"llama_cpp_python": _llama_flags_key}
 
 
 def bin_dir(name: str) -> Path:
@@ -290,10 +302,9 @@ def fetch_keda(version: str, out: Path, work: Path) -> None:
 
 
 def build_llama_server(version: str, out: Path, work: Path) -> None:
-    """llama-server (CPU) from the llama.cpp tree vendored in the llama-cpp-python sdist.
-
-    The cmake flags are the ones runtime-images/llamacpp-cpu/Dockerfile uses.
-    """
+    """llama-server and ggml-rpc-server (CPU) from the llama.cpp tree vendored in the
+    llama-cpp-python sdist. The cmake flags are the ones runtime-images/llamacpp/Dockerfile.cpu
+    uses."""
     from e2e.llama_build import build_llama_server as build
 
     build(version, out, work)

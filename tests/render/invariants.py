@@ -173,7 +173,7 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def group_problems(objects: list[dict[str, Any]]) -> list[str]:
     """Multi-node groups: workers serve no traffic (no pool Service selects them), one pod
-    of a group per node, on the leader's kind of node, behind a NetworkPolicy (rpc-server
+    of a group per node, on the leader's kind of node, behind a NetworkPolicy (ggml-rpc-server
     and Ray authenticate nobody)."""
     out: list[str] = []
     templates = [(o, t) for o in objects for t in _pod_templates(o)]

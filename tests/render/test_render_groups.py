@@ -106,7 +106,7 @@ def test_leader_names_every_worker_of_its_group_by_stable_hostname() -> None:
         assert rpc.split(",") == [f"{p}.{service}.{namespace}.svc.cluster.local:50052"
                                   for p in worker_pods]
         (container,) = w["spec"]["template"]["spec"]["containers"]
-        assert argv(container)[:5] == ["rpc-server", "--host", "0.0.0.0", "--port", "50052"]
+        assert argv(container)[:5] == ["ggml-rpc-server", "--host", "0.0.0.0", "--port", "50052"]
         # The workers get the weights over RPC: no model volume.
         assert "model" not in {v["name"] for v in w["spec"]["template"]["spec"]["volumes"]}
 

@@ -129,7 +129,7 @@ class Accelerator(SpecModel):
         le=MAX_NODES,
         description="Nodes per replica. Above 1 each replica is a group of pods, one per node, "
         "placed on nodes of this profile: a leader (engine server and gateway) and workers "
-        "(llama.cpp rpc-server, or vLLM Ray workers); vLLM runs pipeline parallel across the "
+        "(llama.cpp ggml-rpc-server, or vLLM Ray workers); vLLM runs pipeline parallel across the "
         "nodes, llama.cpp splits the layers over every device of the group. "
         "`glm-operator plan` proposes it when one node cannot hold the model.",
     )

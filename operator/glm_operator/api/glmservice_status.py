@@ -112,7 +112,7 @@ class LlamaCppPlan(StatusModel):
     fit: bool | None = None
     tensor_split: list[int] | None = Field(default=None, description="Layers per device.")
     rpc_workers: int | None = Field(
-        default=None, ge=0, description="rpc-server pods (nodes - 1) the leader offloads to.")
+        default=None, ge=0, description="ggml-rpc-server pods (nodes - 1) the leader offloads to.")
 
 
 class VllmPlan(StatusModel):

@@ -112,7 +112,7 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
             ("--cache-ram", f"{s.cache_ram_mib} MiB"),
         ]
         if s.rpc_workers:
-            rows.append(("--rpc", f"{s.rpc_workers} rpc-server workers; --tensor-split "
+            rows.append(("--rpc", f"{s.rpc_workers} ggml-rpc-server workers; --tensor-split "
                                   + ",".join(str(n) for n in s.tensor_split)))
     if p.vllm:
         v = p.vllm

@@ -24,10 +24,11 @@ VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
 # skip its API keys and rate limits. The kubelet probes the gateway's /enginez (see pod.py).
 ENGINE_HOST = "127.0.0.1"
 VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
-# Multi-node: llama.cpp's rpc-server port (its default), and the Ray head's GCS port. The
+# Multi-node: llama.cpp's ggml-rpc-server port (its default), and the Ray head's GCS port. The
 # pinned vLLM (v0.11.0) spans nodes only through Ray: its own multi-node flags (--nnodes,
 # --node-rank, --master-addr) are not in its argument parser yet.
-RPC_SERVER = "rpc-server"
+# The worker binary as the pinned llama.cpp tree names it (tools/rpc: target ggml-rpc-server).
+RPC_SERVER = "ggml-rpc-server"
 RPC_PORT = 50052
 RAY_PORT = 6379
 VLLM_DISTRIBUTED_BACKEND = "ray"
@@ -91,7 +92,7 @@ def llamacpp_argv(
 
 
 def rpc_server_argv(plan: Plan) -> list[str]:
-    """A llama.cpp multi-node worker: rpc-server serving every device of its node to the
+    """A llama.cpp multi-node worker: ggml-rpc-server serving every device of its node to the
     leader's llama-server (which sends it the weights: the worker needs no model file).
     It listens on all addresses: the leader reaches it by its stable hostname."""
     settings = plan.llamacpp

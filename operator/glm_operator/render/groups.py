@@ -14,7 +14,7 @@ One group model (`GroupModel`), rendered two ways with the same names and hostna
   (RecreateGroupOnPodRestart), group-by-group rolling updates and one scale subresource.
 
 The leader runs the engine's server and the gateway (it is the pod the pool's Service
-selects); workers run llama.cpp's rpc-server or a vLLM Ray node. Pods of a group land on
+selects); workers run llama.cpp's ggml-rpc-server or a vLLM Ray node. Pods of a group land on
 distinct nodes of the accelerator profile (the profile's node affinity plus a required pod
 anti-affinity between the pods of one group). "All or nothing": a group serves only when
 every pod of it runs (llama-server loads nothing without its RPC workers, vLLM's Ray
@@ -214,7 +214,7 @@ def group_model(ctx: PoolContext, groups: int) -> GroupModel:
 
 
 def build_network_policy(model: GroupModel, owner: Obj | None) -> Obj:
-    """rpc-server and Ray answer anyone who connects (no authentication): the pods of a set
+    """ggml-rpc-server and Ray answer anyone who connects (no authentication): the pods of a set
     accept connections from each other, and from elsewhere only on the gateway's port (which
     only the leaders listen on)."""
     labels = common_labels(model.ctx.service_name, "engine-group")

@@ -92,7 +92,7 @@ class PoolContext:
     service_account: str | None = None
     # Replicas chosen by a rollout (a canary sized to its weight); None: from the spec.
     replicas: ReplicaPolicy | None = None
-    # A multi-node replica's leader: the workers' rpc-server addresses (llama.cpp), which
+    # A multi-node replica's leader: the workers' ggml-rpc-server addresses (llama.cpp), which
     # may name $(POD_NAME_ENV).
     rpc_servers: tuple[str, ...] = ()
 
