@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -117,6 +117,19 @@ class RolloutSettings(BaseModel):
     progress_deadline_margin_seconds: int = Field(default=300, ge=0)
 
 
+class AscendSettings(BaseModel):
+    """How engine pods on Ascend NPUs reach the node's driver (render/ascend.py)."""
+
+    model_config = _MODEL
+
+    driver_mounts: Literal["HostPath", "Runtime"] = Field(
+        default="HostPath", description="HostPath: the pod mounts the driver's libraries and "
+        "tools from the node; Runtime: Ascend Docker Runtime mounts them (nothing rendered).")
+    device_group: int = Field(
+        default=1000, ge=0, description="gid of the driver's HwHiAiUser group, which owns the "
+        "NPU device nodes (mode 0660): engine pods join it to open their devices as non-root.")
+
+
 class OperatorConfig(BaseModel):
     """Everything the renderers need beyond the GLMService and ModelVersion themselves."""
 
@@ -136,6 +149,7 @@ class OperatorConfig(BaseModel):
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    ascend: AscendSettings = Field(default_factory=AscendSettings)
     cluster_domain: str = "cluster.local"
     # How often optional CRDs (Istio, ServiceMonitor) are looked up again, so ones installed
     # after the operator started are used without a restart.

@@ -243,6 +243,8 @@ MULTI_NODE_CASES: dict[str, tuple[str, str, str, int, int, dict[str, Any]]] = {
                          {"contextLength": 16384, "concurrency": 2, "replicas": 2}),
     "vllm-h100x8x2": ("vllm", "glm46-bf16", "nvidia-h100-80gb", 8, 2,
                       {"contextLength": 131072, "concurrency": 4}),
+    "vllm-910bx8x2": ("vllm", "glm46-bf16", "ascend-910b", 8, 2,
+                      {"contextLength": 65536, "concurrency": 2}),
 }
 
 

@@ -28,6 +28,7 @@ import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
+from glm_operator.render.ascend import driver_mounts
 from glm_operator.render.deployment import plan_hash, pool_labels
 from glm_operator.render.engine_args import (
     RPC_PORT,
@@ -45,17 +46,16 @@ from glm_operator.render.names import (
     pool_selector,
 )
 from glm_operator.render.pod import (
-    LLAMACPP_ENV,
     MODEL_MOUNT,
     POD_NAME_ENV,
     TERMINATION_GRACE_SECONDS,
-    VLLM_ENV,
     PoolContext,
     container_security_context,
+    engine_env,
     engine_image,
+    engine_pod_security_context,
     engine_resources,
     placement,
-    pod_security_context,
     pod_spec,
     volumes,
 )
@@ -147,7 +147,7 @@ class GroupModel:
         spec: Obj = {
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "securityContext": pod_security_context(ctx.config),
+            "securityContext": engine_pod_security_context(ctx),
             **placement(ctx),
         }
         spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
@@ -165,17 +165,18 @@ class GroupModel:
         if ctx.engine == "llamacpp":
             # The leader sends the weights over RPC: the worker reads no model file.
             argv = rpc_server_argv(ctx.plan)
-            env = dict(LLAMACPP_ENV)
+            env = dict(engine_env(ctx))
             tcp = {"tcpSocket": {"port": RPC_PORT}, "timeoutSeconds": 5}
             probes = {"readinessProbe": {**tcp, "periodSeconds": 5, "failureThreshold": 3},
                       "livenessProbe": {**tcp, "periodSeconds": 20, "failureThreshold": 6}}
         else:
             # Ray runs this node's vLLM workers; each reads its own shard of the model.
             argv = ray_worker_argv(leader_address)
-            env = dict(VLLM_ENV)
+            env = dict(engine_env(ctx))
             mounts.insert(0, {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
             if ctx.plan.resources.shared_memory_bytes:
                 mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        mounts += driver_mounts(ctx.plan.profile, ctx.config)  # the node's devices, as the leader
         env.update(user_env)
         return {
             "name": WORKER_CONTAINER,

@@ -21,6 +21,13 @@ from glm_operator.config import OperatorConfig
 from glm_operator.gateway.config import REDIS_PASSWORD_ENV
 from glm_operator.planning import memory as mem
 from glm_operator.planning.planner import Plan
+from glm_operator.render.ascend import (
+    ascend_env,
+    device_groups,
+    driver_mounts,
+    driver_volumes,
+    is_ascend,
+)
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, ray_head_argv
 from glm_operator.render.model_family import stop_sequences
 from glm_operator.render.names import dns_name
@@ -37,6 +44,8 @@ GATEWAY_PORT_NAME = "http"
 # /health (llama-server and vLLM: 503 while loading, 200 once loaded).
 ENGINE_HEALTH_PATH = "/enginez"
 TMP_SIZE = {"llamacpp": 1 * mem.GiB, "vllm": 20 * mem.GiB}  # vLLM: torch.compile/triton caches
+# CANN compiles kernels at first use and caches them (ASCEND_CACHE_PATH, render/ascend.py).
+ASCEND_LLAMACPP_TMP_SIZE = 4 * mem.GiB
 GATEWAY_TMP_SIZE = 64 * mem.MiB
 TERMINATION_GRACE_SECONDS = 30  # the gateway drains within 25 s (gateway/cli.py)
 
@@ -300,6 +309,12 @@ def engine_image(ctx: PoolContext) -> str:
     return ctx.plan.profile.images[ctx.plan.request.engine]
 
 
+def engine_env(ctx: PoolContext) -> tuple[tuple[str, str], ...]:
+    """The engine's environment before the user's podOverrides.env (which wins)."""
+    return (*(VLLM_ENV if ctx.engine == "vllm" else LLAMACPP_ENV),
+            *ascend_env(ctx.plan.profile))
+
+
 def engine_container(ctx: PoolContext) -> dict[str, Any]:
     config = ctx.config
     argv = engine_argv(
@@ -320,7 +335,8 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
     ]
     if ctx.plan.resources.shared_memory_bytes:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    env = _env_list(VLLM_ENV if ctx.engine == "vllm" else LLAMACPP_ENV, user_env)
+    mounts += driver_mounts(ctx.plan.profile, ctx.config)
+    env = _env_list(engine_env(ctx), user_env)
     lifecycle: dict[str, Any] = {}
     if any(f"$({POD_NAME_ENV})" in a for a in argv):
         env.insert(0, POD_NAME_VAR)
@@ -460,11 +476,17 @@ def tolerations(ctx: PoolContext) -> list[dict[str, Any]]:
     return out
 
 
+def tmp_size(ctx: PoolContext) -> int:
+    if ctx.engine == "llamacpp" and is_ascend(ctx.plan.profile):
+        return ASCEND_LLAMACPP_TMP_SIZE
+    return TMP_SIZE[ctx.engine]
+
+
 def volumes(ctx: PoolContext) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [
         {"name": "model", "persistentVolumeClaim": {
             "claimName": cache_claim_name(ctx.model_version), "readOnly": True}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": memory_quantity(TMP_SIZE[ctx.engine])}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": memory_quantity(tmp_size(ctx))}},
         {"name": "gateway-tmp", "emptyDir": {"sizeLimit": memory_quantity(GATEWAY_TMP_SIZE)}},
     ]
     shm = ctx.plan.resources.shared_memory_bytes
@@ -475,7 +497,16 @@ def volumes(ctx: PoolContext) -> list[dict[str, Any]]:
     secret = ctx.service.spec.gateway.api_keys_secret
     if secret:
         out.append({"name": "api-keys", "secret": {"secretName": secret, "defaultMode": 0o440}})
-    return out
+    return out + driver_volumes(ctx.plan.profile, ctx.config)
+
+
+def engine_pod_security_context(ctx: PoolContext) -> dict[str, Any]:
+    """The pod's security context, joined to the groups that own its devices (Ascend)."""
+    context = pod_security_context(ctx.config)
+    groups = device_groups(ctx.plan.profile, ctx.config)
+    if groups:
+        context["supplementalGroups"] = groups
+    return context
 
 
 def placement(ctx: PoolContext) -> dict[str, Any]:
@@ -504,7 +535,7 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     # server.
     spec["automountServiceAccountToken"] = bool(ctx.service_account)
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
-    spec["securityContext"] = pod_security_context(ctx.config)
+    spec["securityContext"] = engine_pod_security_context(ctx)
     spec.update(placement(ctx))
     spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
     spec["containers"] = [engine_container(ctx), gateway_container(ctx)]
