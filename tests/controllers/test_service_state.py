@@ -16,6 +16,7 @@ from glm_operator.controllers.service_state import (
     decide_service,
     long_context_reading_due,
 )
+from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.service import Capabilities
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -451,18 +452,52 @@ def test_multi_node_replicas_are_groups_counted_by_their_leaders() -> None:
     assert cond(ready, "Ready").status == "True"
 
 
-def test_autoscaled_multi_node_service_says_groups_are_not_autoscaled() -> None:
+def autoscaled_groups() -> tuple[dict[str, Any], dict[str, Any]]:
     mv, svc = load("nvidia-h100-multinode-vllm")
     del svc["spec"]["replicas"]
     svc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3,
                                   "targets": {"queueLength": 4}}
-    decision = decide(svc, [ready_mv(mv)], capabilities=Capabilities(keda=True))
-    assert [o for o in decision.desired
-            if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject")] == []
+    return mv, svc
+
+
+def test_autoscaled_groups_are_sized_by_an_hpa_on_the_leader_set() -> None:
+    """The HPA adds and removes whole groups through the leader StatefulSet's scale
+    subresource (whose selector picks the leaders, where the gateways run); the set's size is
+    left out of the intent after it is created with minReplicas."""
+    mv, svc = autoscaled_groups()
+    decision = decide(svc, [ready_mv(mv)])
+    (hpa,) = [o for o in decision.desired if o["kind"] == "HorizontalPodAutoscaler"]
+    leader, *workers = statefulsets(decision.desired)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": leader["metadata"]["name"]}
+    assert "replicas" not in leader["spec"]
+    assert leader["metadata"]["annotations"][INITIAL_REPLICAS_ANNOTATION] == "1"
+    assert len(workers) == 1
     autoscaling = cond(decision, "Autoscaling")
-    assert autoscaling.status == "False" and autoscaling.reason == "GroupsNotAutoscaled"
-    assert "minReplicas (1) groups" in autoscaling.message
-    assert statefulsets(decision.desired)[0]["spec"]["replicas"] == 1
+    assert autoscaling.status == "True" and autoscaling.reason == "HPA"
+    assert "1 to 3 groups of 2 nodes" in autoscaling.message
+
+
+def test_the_workers_follow_the_groups_the_autoscaler_runs() -> None:
+    mv, svc = autoscaled_groups()
+    leader = statefulsets(decide(svc, [ready_mv(mv)]).desired)[0]
+    for live_groups, expected in ((3, 3), (2, 2), (1, 1), (7, 3)):  # 7: clamped to max
+        scaled = copy.deepcopy(leader)
+        scaled["spec"]["replicas"] = live_groups
+        _, *workers = statefulsets(decide(svc, [ready_mv(mv)], [scaled]).desired)
+        assert [w["metadata"]["name"] for w in workers] == [
+            f"{leader['metadata']['name']}-{g}" for g in range(expected)]
+
+
+def test_autoscaled_leader_worker_set_is_the_hpa_target() -> None:
+    mv, svc = autoscaled_groups()
+    decision = decide(svc, [ready_mv(mv)], capabilities=Capabilities(leader_worker_set=True))
+    (hpa,) = [o for o in decision.desired if o["kind"] == "HorizontalPodAutoscaler"]
+    (lws,) = [o for o in decision.desired if o["kind"] == "LeaderWorkerSet"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "leaderworkerset.x-k8s.io/v1",
+                                             "kind": "LeaderWorkerSet",
+                                             "name": lws["metadata"]["name"]}
+    assert "replicas" not in lws["spec"]
 
 
 def test_multi_node_service_is_a_leader_worker_set_when_its_crd_is_served() -> None:

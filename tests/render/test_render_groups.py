@@ -3,6 +3,8 @@ group model (StatefulSets + headless Service, and LeaderWorkerSet), invariants, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Any
 
 import pytest
@@ -183,13 +185,22 @@ def test_network_policy_admits_the_group_and_the_gateway_port_only() -> None:
         assert all(labels.get(k) == v for k, v in members.items())
 
 
-def test_autoscaled_groups_run_min_replicas_and_no_hpa() -> None:
+def test_autoscaled_groups_start_at_min_replicas_and_the_hpa_owns_the_leader_set() -> None:
     autoscaling = {"minReplicas": 2, "maxReplicas": 4, "targets": {"queueLength": 4}}
-    objects = render_service(multi_node_inputs("llamacpp-a10x4x3", replicas=None,
-                                               autoscaling=autoscaling))
-    assert by_kind(objects, "HorizontalPodAutoscaler") == []
+    inputs = multi_node_inputs("llamacpp-a10x4x3", replicas=None, autoscaling=autoscaling)
+    objects = render_service(inputs)
+    (hpa,) = by_kind(objects, "HorizontalPodAutoscaler")
     leader, *workers = by_kind(objects, "StatefulSet")
-    assert leader["spec"]["replicas"] == 2 and len(workers) == 2
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "StatefulSet"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == leader["metadata"]["name"]
+    assert "replicas" not in leader["spec"] and len(workers) == 2
+    assert leader["metadata"]["annotations"]["glm-operator.dev/initial-replicas"] == "2"
+    # Scaled to 3 groups by the HPA: a third worker set, the leader set still hands-off.
+    scaled = render_service(replace(inputs, live_groups=3))
+    leader, *workers = by_kind(scaled, "StatefulSet")
+    assert "replicas" not in leader["spec"]
+    assert [w["metadata"]["name"] for w in workers] == [
+        f"{leader['metadata']['name']}-{g}" for g in range(3)]
 
 
 def test_leader_worker_set_uses_only_its_published_fields() -> None:

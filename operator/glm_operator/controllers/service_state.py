@@ -54,6 +54,7 @@ from glm_operator.render.autoscaling import (
     unusable_targets,
 )
 from glm_operator.render.deployment import deployment_name
+from glm_operator.render.groups import GROUP_ROLE_LABEL, LEADER
 from glm_operator.render.keda import keda_hpa_name
 from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
@@ -548,13 +549,28 @@ def _render_versions(serving: _Serving, live_children: Sequence[Obj], config: Op
         inputs = ServiceInputs(service=item.service, model_version=version.model_version,
                                plan=version.plan, long_context_plan=version.long_context_plan,
                                config=config, capabilities=capabilities,
-                               main_replicas=item.replicas, with_autoscaler=item.autoscaler)
+                               main_replicas=item.replicas, with_autoscaler=item.autoscaler,
+                               live_groups=_live_groups(live_children, version.name))
         for obj in render_service(inputs):
             key = (obj["kind"], obj["metadata"]["name"])
             if key not in seen:  # Services, RBAC and HPA are shared by every version
                 seen.add(key)
                 desired.append(obj)
     return desired, retained
+
+
+def _live_groups(children: Sequence[Obj], version: str) -> int | None:
+    """Groups a version's multi-node main pool runs now: its leader set's replicas, which an
+    autoscaler sets (None while the set does not exist)."""
+    for child in children:
+        labels = child.get("metadata", {}).get("labels", {})
+        if (child.get("kind") in ("StatefulSet", "LeaderWorkerSet")
+                and labels.get(GROUP_ROLE_LABEL) == LEADER
+                and labels.get(VERSION_LABEL) == label_value(version)
+                and labels.get(POOL_LABEL) == MAIN_POOL):
+            replicas = child.get("spec", {}).get("replicas")
+            return int(replicas) if replicas is not None else None
+    return None
 
 
 def _promotion(decision: rollouts.RolloutDecision | None, new_stable: str | None,
@@ -648,17 +664,12 @@ def _scaler_condition(condition: Any, renders: Sequence[_Render],
     assert autoscaling is not None
     assert item.version.plan is not None
     nodes = item.version.plan.request.nodes
-    if nodes > 1:
-        condition(C.AUTOSCALING, False, "GroupsNotAutoscaled",
-                  f"multi-node replicas (accelerator.nodes {nodes}) are not autoscaled yet: "
-                  f"the main pool runs minReplicas ({autoscaling.min_replicas}) groups and no "
-                  "HPA or ScaledObject is made; set replicas to size it")
-        return
     url = config.prometheus.url
     choice = choose_scaler(autoscaling, capabilities.keda, url)
     name = deployment_name(item.service.metadata.name or "", item.version.name, MAIN_POOL)
+    unit = f"groups of {nodes} nodes" if nodes > 1 else "replicas"
     what = (f"the main pool ({autoscaling.min_replicas} to {autoscaling.max_replicas} "
-            f"replicas) on {', '.join(target_values(autoscaling))}")
+            f"{unit}) on {', '.join(target_values(autoscaling))}")
     if choice.scaler == Scaler.HPA:
         condition(C.AUTOSCALING, True, "HPA",
                   f"HPA {name} scales {what} from the custom metrics API ({choice.why})")

@@ -153,12 +153,22 @@ def hpa_behavior(autoscaling: Autoscaling) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ScaleTarget:
+    """What an autoscaler resizes through its scale subresource: a pool's Deployment, or a
+    multi-node pool's leader StatefulSet or LeaderWorkerSet (whole groups)."""
+
+    name: str
+    kind: str = "Deployment"
+    api_version: str = "apps/v1"
+
+
 def build_hpa(
     name: str,
     namespace: str,
     labels: dict[str, str],
     owner: dict[str, Any] | None,
-    target_deployment: str,
+    target: ScaleTarget,
     autoscaling: Autoscaling,
     plan: Plan,
 ) -> dict[str, Any] | None:
@@ -170,7 +180,7 @@ def build_hpa(
     return render_object(
         "horizontalpodautoscaler.yaml.j2",
         metadata=object_meta(name, namespace, labels, owner),
-        target=target_deployment,
+        target=target,
         min_replicas=autoscaling.min_replicas,
         max_replicas=autoscaling.max_replicas,
         metrics=metrics,
@@ -206,6 +216,6 @@ def build_long_context_hpa(
     metric = _pods_metric(QUEUE_LENGTH.hpa_metric, decimal_quantity(long_context.queue_length))
     return render_object(
         "horizontalpodautoscaler.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
-        target=target_deployment, min_replicas=max(1, long_context.min_replicas),
+        target=ScaleTarget(target_deployment), min_replicas=max(1, long_context.min_replicas),
         max_replicas=long_context.max_replicas, metrics=[metric],
         behavior=_long_context_behavior())

@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from glm_operator.render.ascend import driver_mounts
-from glm_operator.render.deployment import plan_hash, pool_labels
+from glm_operator.render.autoscaling import ScaleTarget
+from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION, plan_hash, pool_labels
 from glm_operator.render.engine_args import (
     RPC_PORT,
     ray_worker_argv,
@@ -92,7 +93,16 @@ class GroupModel:
     ctx: PoolContext
     name: str  # the set: leader StatefulSet / LeaderWorkerSet / headless Service
     size: int  # pods per group (nodes)
-    groups: int  # replicas of the set
+    groups: int  # groups running now: the worker StatefulSets to render
+    # The set's replicas in the intent; None when an autoscaler sizes it (whole groups):
+    # created with `groups`, then left to the HPA / ScaledObject.
+    replicas: int | None = None
+
+    def set_meta(self, owner: Obj | None) -> Obj:
+        annotations = ({INITIAL_REPLICAS_ANNOTATION: str(self.groups)}
+                       if self.replicas is None else None)
+        return object_meta(self.name, self.namespace,
+                           {**self.set_labels(), GROUP_ROLE_LABEL: LEADER}, owner, annotations)
 
     @property
     def namespace(self) -> str:
@@ -209,9 +219,19 @@ def _with_anti_affinity(spec: Obj, terms: list[Obj]) -> Obj:
     return spec
 
 
-def group_model(ctx: PoolContext, groups: int) -> GroupModel:
+def group_scale_target(set_name: str, leader_worker_set: bool) -> ScaleTarget:
+    """What an autoscaler resizes to add or remove whole groups: the LeaderWorkerSet, or the
+    leader StatefulSet (whose scale selector picks the leaders, where the gateways run)."""
+    if leader_worker_set:
+        return ScaleTarget(set_name, "LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1")
+    return ScaleTarget(set_name, "StatefulSet", "apps/v1")
+
+
+def group_model(ctx: PoolContext, replicas: int | None, groups: int) -> GroupModel:
+    """`replicas`: the set's size in the intent (None: autoscaled); `groups`: how many run
+    now (the autoscaler's live count, or `replicas`)."""
     return GroupModel(ctx=ctx, name=group_set_name(ctx.service_name, ctx.version),
-                      size=ctx.plan.request.nodes, groups=groups)
+                      size=ctx.plan.request.nodes, groups=groups, replicas=replicas)
 
 
 def build_network_policy(model: GroupModel, owner: Obj | None) -> Obj:
@@ -247,12 +267,13 @@ def build_headless_service(model: GroupModel, owner: Obj | None) -> Obj:
 
 
 def build_statefulsets(model: GroupModel, owner: Obj | None) -> list[Obj]:
-    """The leader StatefulSet (replicas = groups) and one worker StatefulSet per group."""
+    """The leader StatefulSet (one leader per group) and one worker StatefulSet per group
+    running: an autoscaler resizes the leader set, and the operator follows with the
+    workers' sets."""
     leader = render_object(
         "statefulset.yaml.j2",
-        metadata=object_meta(model.name, model.namespace,
-                             {**model.set_labels(), GROUP_ROLE_LABEL: LEADER}, owner),
-        replicas=model.groups,
+        metadata=model.set_meta(owner),
+        replicas=model.replicas,
         ordinals_start=None,
         service_name=model.name,
         selector=model.leader_selector(),
@@ -295,9 +316,8 @@ def build_leader_worker_set(model: GroupModel, owner: Obj | None) -> Obj:
     term = _anti_affinity_term({GROUP_SET_LABEL: model.name}, [LWS_GROUP_KEY_LABEL])
     return render_object(
         "leaderworkerset.yaml.j2",
-        metadata=object_meta(model.name, model.namespace,
-                             {**model.set_labels(), GROUP_ROLE_LABEL: LEADER}, owner),
-        replicas=model.groups,
+        metadata=model.set_meta(owner),
+        replicas=model.replicas,
         size=model.size,
         leader_labels=model.leader_pod_labels(),
         pod_annotations=model.pod_annotations(),

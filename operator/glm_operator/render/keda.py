@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from glm_operator.api.glmservice import Autoscaling
-from glm_operator.render.autoscaling import hpa_behavior, target_values
+from glm_operator.render.autoscaling import ScaleTarget, hpa_behavior, target_values
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.scaling_metrics import SIGNALS
@@ -67,7 +67,7 @@ def build_scaled_object(
     namespace: str,
     labels: dict[str, str],
     owner: dict[str, Any] | None,
-    target_deployment: str,
+    target: ScaleTarget,
     autoscaling: Autoscaling,
     triggers: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def build_scaled_object(
         "scaledobject.yaml.j2",
         metadata=object_meta(name, namespace, labels, owner,
                              {HPA_EXCLUDED_LABELS_ANNOTATION: MANAGED_BY_LABEL}),
-        target=target_deployment,
+        target=target,
         min_replicas=autoscaling.min_replicas,
         max_replicas=autoscaling.max_replicas,
         behavior=hpa_behavior(autoscaling),

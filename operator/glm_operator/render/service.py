@@ -21,6 +21,7 @@ from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig
 from glm_operator.planning.planner import Plan
 from glm_operator.render.autoscaling import (
+    ScaleTarget,
     build_hpa,
     build_long_context_hpa,
     long_context_hpa_wanted,
@@ -41,6 +42,8 @@ from glm_operator.render.groups import (
     build_network_policy,
     build_statefulsets,
     group_model,
+    group_scale_target,
+    group_set_name,
 )
 from glm_operator.render.keda import build_scaled_object, prometheus_triggers
 from glm_operator.render.long_context import (
@@ -108,6 +111,9 @@ class ServiceInputs:
     # the HPA runs yet (not while the rollout owns the new version's size).
     main_replicas: ReplicaPolicy | None = None
     with_autoscaler: bool = True
+    # An autoscaled multi-node pool: the groups its leader set runs now (the autoscaler's
+    # count, read from the cluster), so each has its workers. None: not created yet.
+    live_groups: int | None = None
 
 
 def main_service_name(service: str) -> str:
@@ -210,7 +216,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     )
     multi_node = inputs.plan.request.nodes > 1
     if multi_node:
-        objects = _main_groups(main, inputs.capabilities, owner)
+        objects = _main_groups(main, inputs.capabilities, owner, inputs.live_groups)
     else:
         objects = [build_deployment(main, owner)]
     if lc_pool is not None:
@@ -223,8 +229,12 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
 
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
-    if svc.spec.autoscaling is not None and inputs.with_autoscaler and not multi_node:
-        objects += _main_autoscaler(inputs, name, namespace, version, version_labels, owner)
+    if svc.spec.autoscaling is not None and inputs.with_autoscaler:
+        target = (group_scale_target(group_set_name(name, version),
+                                     inputs.capabilities.leader_worker_set)
+                  if multi_node else ScaleTarget(deployment_name(name, version, MAIN_POOL)))
+        objects += _main_autoscaler(inputs, target, name, namespace, version, version_labels,
+                                    owner)
     lc_spec = svc.spec.long_context
     if lc_pool is not None and lc_spec is not None and long_context_hpa_wanted(lc_spec):
         objects.append(build_long_context_hpa(
@@ -261,21 +271,28 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     return objects
 
 
-def _main_groups(ctx: PoolContext, capabilities: Capabilities,
-                 owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, Any] | None,
+                 live_groups: int | None) -> list[dict[str, Any]]:
     """A multi-node main pool: one group of pods per replica, as a LeaderWorkerSet when its
-    CRD is served, else as StatefulSets and a headless Service. Groups are not autoscaled
-    yet: an autoscaled service runs minReplicas groups (its Autoscaling condition says so)."""
-    _, groups = desired_replicas(ctx)
-    model = group_model(ctx, groups)
+    CRD is served, else as StatefulSets and a headless Service. Autoscaled, the set's size
+    is the autoscaler's (whole groups) and the workers follow the groups running."""
+    replicas, initial = desired_replicas(ctx)
+    autoscaling = ctx.service.spec.autoscaling
+    if replicas is not None:
+        groups = replicas
+    elif live_groups is None or autoscaling is None:
+        groups = initial
+    else:  # what the autoscaler runs, within its bounds while it catches up with an edit
+        groups = min(max(live_groups, autoscaling.min_replicas), autoscaling.max_replicas)
+    model = group_model(ctx, replicas, groups)
     policy = build_network_policy(model, owner)
     if capabilities.leader_worker_set:
         return [build_leader_worker_set(model, owner), policy]
     return [*build_statefulsets(model, owner), build_headless_service(model, owner), policy]
 
 
-def _main_autoscaler(inputs: ServiceInputs, name: str, namespace: str, version: str,
-                     version_labels: dict[str, str],
+def _main_autoscaler(inputs: ServiceInputs, target: ScaleTarget, name: str, namespace: str,
+                     version: str, version_labels: dict[str, str],
                      owner: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The main pool's HPA, or its KEDA ScaledObject (same name), or nothing (KEDA asked for
     and not possible: the Autoscaling condition says why)."""
@@ -284,15 +301,15 @@ def _main_autoscaler(inputs: ServiceInputs, name: str, namespace: str, version: 
     prometheus_url = inputs.config.prometheus.url
     scaler = choose_scaler(autoscaling, inputs.capabilities.keda, prometheus_url).scaler
     labels = {**version_labels, POOL_LABEL: MAIN_POOL}
-    target = deployment_name(name, version, MAIN_POOL)
+    hpa_name = deployment_name(name, version, MAIN_POOL)
     built = None
     if scaler == Scaler.HPA:
-        built = build_hpa(target, namespace, labels, owner, target, autoscaling, inputs.plan)
+        built = build_hpa(hpa_name, namespace, labels, owner, target, autoscaling, inputs.plan)
     elif scaler == Scaler.KEDA:
         assert prometheus_url is not None
         triggers = prometheus_triggers(autoscaling, prometheus_url, namespace, name, version,
                                        MAIN_POOL, unusable_targets(autoscaling, inputs.plan))
         if triggers:  # as for the HPA: no usable target, no autoscaler (the status says why)
-            built = build_scaled_object(target, namespace, labels, owner, target, autoscaling,
-                                        triggers)
+            built = build_scaled_object(hpa_name, namespace, labels, owner, target,
+                                        autoscaling, triggers)
     return [built] if built is not None else []
