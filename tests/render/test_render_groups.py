@@ -4,7 +4,6 @@ group model (StatefulSets + headless Service, and LeaderWorkerSet), invariants, 
 from __future__ import annotations
 
 from dataclasses import replace
-
 from typing import Any
 
 import pytest
