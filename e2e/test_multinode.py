@@ -201,3 +201,48 @@ def test_a_service_too_big_for_one_node_runs_as_groups_placed_one_pod_per_node(
         return not any(kubectl.items(kind, "-n", ns, "-l", f"{SERVICE_LABEL}={NAME}")
                        for kind in ("statefulsets", "pods", "services", "networkpolicies"))
     wait_for(gone, timeout=120, what="every child of the deleted GLMService garbage-collected")
+
+
+def test_autoscaled_groups_are_added_and_removed_whole_by_the_hpa(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    """The HPA resizes the leader StatefulSet through its scale subresource; the operator
+    follows with one worker StatefulSet per group and never resets the size. The real HPA
+    controller (kube-controller-manager) holds the set within its bounds."""
+    ns = namespace
+    fetched(kubectl, ns, wait_for, VERSION)
+    svc = json.loads(json.dumps(SERVICE))
+    del svc["spec"]["replicas"]
+    svc["spec"]["accelerator"] = {"profile": "nvidia-l4", "count": 4, "nodes": 3}
+    svc["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 2,
+                                  "targets": {"queueLength": 4}}
+    kubectl.apply(svc, namespace=ns)
+    check_groups(kubectl, ns, wait_groups(kubectl, ns, wait_for, groups=1, size=3), groups=1)
+    (hpa,) = kubectl.items("hpa", "-n", ns, "-l", f"{SERVICE_LABEL}={NAME}")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                             "name": SET}
+    autoscaling = condition(glms(kubectl, ns, NAME), "Autoscaling")
+    assert autoscaling is not None and autoscaling["reason"] == "HPA", autoscaling
+
+    def replicas() -> int:
+        return int(kubectl.get_json("statefulset", SET, "-n", ns)["spec"]["replicas"])
+
+    # What the HPA does when the load grows: a second group, whose workers the operator adds.
+    kubectl("scale", "statefulset", SET, "-n", ns, "--replicas=2")
+    check_groups(kubectl, ns, wait_groups(kubectl, ns, wait_for, groups=2, size=3), groups=2)
+    # The reconciles that every pod and set event brings leave the autoscaler's size alone.
+    time.sleep(5)
+    assert replicas() == 2
+
+    # Beyond maxReplicas: the real HPA controller brings the set back to 2, and no third
+    # group's workers are made meanwhile.
+    kubectl("scale", "statefulset", SET, "-n", ns, "--replicas=3")
+    wait_for(lambda: replicas() == 2, timeout=60,
+             what="the HPA controller holding the leader set at maxReplicas")
+    assert not kubectl.exists("statefulset", f"{SET}-2", "-n", ns)
+
+    # Load gone: the HPA removes a group, the operator its workers.
+    kubectl("scale", "statefulset", SET, "-n", ns, "--replicas=1")
+    wait_groups(kubectl, ns, wait_for, groups=1, size=3)
+    wait_for(lambda: not kubectl.exists("statefulset", f"{SET}-1", "-n", ns),
+             timeout=60, what="the second group's worker StatefulSet removed")
+    kubectl("delete", "glmservice", NAME, "-n", ns, "--wait=true")
