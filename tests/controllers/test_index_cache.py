@@ -65,3 +65,21 @@ def test_an_older_operators_create_entry_stays_visible_after_an_autoscaler_took_
     assert {"manager": "glm-operator-initial-replicas", "operation": "Update",
             "fieldsV1": {}} in cached["metadata"]["managedFields"]
     assert not _created_by_plain_create(_plain(deployment(APPLY, HPA)))
+
+
+def test_the_cache_keeps_compact_json_and_hands_out_fresh_copies() -> None:
+    from glm_operator.controllers.handlers import _cached, _namespace_objects, _thaw
+    body = deployment(APPLY, STATUS)
+    entry = _cached(body)
+    assert isinstance(entry, bytes) and _thaw(entry) == _plain(body)
+    first, second = _thaw(entry), _thaw(entry)
+    first["spec"]["replicas"] = 9
+    assert second["spec"]["replicas"] == 2  # a reconcile may change what it was given
+
+    def service(name: str, version: str) -> bytes:
+        return _cached({"metadata": {"name": name, "namespace": "n"},
+                        "spec": {"modelVersion": version}})
+    index = {("n", "a"): [service("a", "glm-4")], ("n", "b"): [service("b", "glm-5")],
+             ("m", "c"): [service("c", "glm-4")]}
+    found = _namespace_objects(index, "n", mentioning="glm-4")  # type: ignore[arg-type]
+    assert list(found) == ["a"] and found["a"]["spec"]["modelVersion"] == "glm-4"

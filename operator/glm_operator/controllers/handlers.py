@@ -12,6 +12,7 @@ timer as a backstop.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -196,6 +197,22 @@ def _plain(body: Mapping[str, Any]) -> Obj:
     return plain
 
 
+Cached = bytes  # an index entry: the object as compact JSON (see _cached)
+
+
+def _cached(body: Mapping[str, Any]) -> Cached:
+    """What the cache keeps of an object: `_plain(body)` as compact JSON. A dict of a
+    Deployment is about 28 KB of Python objects, its JSON 5 KB; the cache holds one copy of
+    every GLMService, ModelVersion and child, and a reconcile parses only its own few
+    (`_lookup`), each a fresh copy it may change."""
+    return json.dumps(_plain(body), separators=(",", ":")).encode()
+
+
+def _thaw(entry: Cached) -> Obj:
+    thawed: Obj = json.loads(entry)
+    return thawed
+
+
 def _replicas_owners(entries: list[Obj]) -> list[Obj]:
     """Who owns spec.replicas, and the create-time entry of an older operator's plain create
     (`_created_by_plain_create`) even when an autoscaler has since taken replicas from it."""
@@ -210,23 +227,23 @@ def _replicas_owners(entries: list[Obj]) -> list[Obj]:
 
 
 @kopf.index(GROUP, VERSION, "glmservices")
-def glmservices(**kw: Any) -> dict[Key, Obj]:
-    return {(kw["namespace"], kw["name"]): _plain(kw["body"])}
+def glmservices(**kw: Any) -> dict[Key, Cached]:
+    return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
 
 @kopf.index(GROUP, VERSION, "modelversions")
-def modelversions(**kw: Any) -> dict[Key, Obj]:
-    return {(kw["namespace"], kw["name"]): _plain(kw["body"])}
+def modelversions(**kw: Any) -> dict[Key, Cached]:
+    return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
 
 def _child_index(labels: Mapping[str, str], namespace: str, body: kopf.Body,
-                 label: str) -> dict[Key, Obj] | None:
+                 label: str) -> dict[Key, Cached] | None:
     owner = labels.get(label)
-    return {(namespace, owner): _plain(body)} if owner else None
+    return {(namespace, owner): _cached(body)} if owner else None
 
 
 def _register_child_index(group: str, version: str, plural: str, label: str, name: str) -> None:
-    def index(**kw: Any) -> dict[Key, Obj] | None:
+    def index(**kw: Any) -> dict[Key, Cached] | None:
         return _child_index(kw["labels"], kw["namespace"], kw["body"], label)
 
     index.__name__ = name
@@ -241,18 +258,19 @@ for (_g, _v, _p), _name in zip(MODEL_VERSION_CHILDREN, MODEL_CHILD_INDEXES, stri
     _register_child_index(_g, _v, _p, MODEL_VERSION_LABEL, _name)
 
 
-def _lookup(index: kopf.Index[Key, Obj] | None, key: Key) -> list[Obj]:
+def _lookup(index: kopf.Index[Key, Cached] | None, key: Key) -> list[Obj]:
     if index is None:
         return []
     store = index.get(key)
-    return list(store) if store is not None else []
+    return [_thaw(entry) for entry in store] if store is not None else []
 
 
 def _children(indexes: Mapping[str, Any], names: Iterable[str], key: Key) -> list[Obj]:
     return [obj for name in names for obj in _lookup(indexes.get(name), key)]
 
 
-def _model_versions_of(body: Obj, index: kopf.Index[Key, Obj], namespace: str) -> dict[str, Obj]:
+def _model_versions_of(body: Obj, index: kopf.Index[Key, Cached],
+                       namespace: str) -> dict[str, Obj]:
     """The ModelVersions one service wants or serves, by key lookup: a reconcile stays O(1)
     however many ModelVersions the cluster holds."""
     names = {body.get("spec", {}).get("modelVersion"),
@@ -265,9 +283,13 @@ def _model_versions_of(body: Obj, index: kopf.Index[Key, Obj], namespace: str) -
     return found
 
 
-def _namespace_objects(index: kopf.Index[Key, Obj], namespace: str) -> dict[str, Obj]:
-    return {name: next(iter(store)) for (ns, name), store in index.items()
-            if ns == namespace and store}
+def _namespace_objects(index: kopf.Index[Key, Cached], namespace: str,
+                       mentioning: str) -> dict[str, Obj]:
+    """The namespace's objects whose JSON holds the string `mentioning` (a name their spec
+    or status refers to): only those are parsed, however many the namespace holds."""
+    needle = json.dumps(mentioning).encode()
+    return {name: _thaw(entry) for (ns, name), store in index.items()
+            if ns == namespace and store and needle in (entry := next(iter(store)))}
 
 
 # --- the I/O half of a reconcile ----------------------------------------------------------------
@@ -786,7 +808,7 @@ def modelversion_event(**kw: Any) -> None:
         return
     if kw["type"] == "MODIFIED":
         reconcile_model_version(namespace, name, kw, coalesce=True)
-    services = _namespace_objects(kw["glmservices"], namespace)
+    services = _namespace_objects(kw["glmservices"], namespace, mentioning=name)
     for service in services_using(name, services):
         reconcile_service(namespace, service, kw, coalesce=True)
 
