@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("glm_operator.api.cli", "regenerate the CRD YAML and API reference from the types"),
     "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),
     "gateway": ("glm_operator.gateway.cli", "run the OpenAI-compatible gateway sidecar"),
+    "wait-tcp": ("glm_operator.wait_tcp", "wait until HOST:PORT addresses accept connections"),
 }
 
 

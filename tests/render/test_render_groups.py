@@ -112,6 +112,27 @@ def test_leader_names_every_worker_of_its_group_by_stable_hostname() -> None:
         assert "model" not in {v["name"] for v in w["spec"]["template"]["spec"]["volumes"]}
 
 
+def test_a_llamacpp_leader_waits_for_its_workers_before_the_engine_starts() -> None:
+    """llama-server aborts when an --rpc worker does not answer; the init container waits
+    for exactly the addresses the engine will connect to."""
+    for case, leader_workers_set in (("llamacpp-a10x4x3", None), ("llamacpp-a10x4x3", LWS)):
+        objects = render_service(multi_node_inputs(case, leader_workers_set))
+        if leader_workers_set is None:
+            pod = by_kind(objects, "StatefulSet")[0]["spec"]["template"]["spec"]
+        else:
+            pod = by_kind(objects, "LeaderWorkerSet")[0]["spec"]["leaderWorkerTemplate"][
+                "leaderTemplate"]["spec"]
+        (wait,) = pod["initContainers"]
+        engine = pod["containers"][0]
+        assert wait["command"] == ["glm-operator"] and wait["args"][0] == "wait-tcp"
+        assert wait["args"][1:] == flag(argv(engine), "--rpc").split(",")
+        assert wait["env"] == [{"name": POD_NAME_ENV,
+                                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+        assert wait["securityContext"]["readOnlyRootFilesystem"] is True
+    vllm = render_service(multi_node_inputs("vllm-h100x8x2"))
+    assert "initContainers" not in by_kind(vllm, "StatefulSet")[0]["spec"]["template"]["spec"]
+
+
 def test_tensor_split_covers_every_device_of_the_group_workers_first() -> None:
     inputs = multi_node_inputs("llamacpp-a10x4x3")
     (leader, *_) = by_kind(render_service(inputs), "StatefulSet")

@@ -49,6 +49,7 @@ from glm_operator.render.names import (
 from glm_operator.render.pod import (
     MODEL_MOUNT,
     POD_NAME_ENV,
+    POD_NAME_VAR,
     TERMINATION_GRACE_SECONDS,
     PoolContext,
     container_security_context,
@@ -56,6 +57,7 @@ from glm_operator.render.pod import (
     engine_image,
     engine_pod_security_context,
     engine_resources,
+    gateway_resources,
     placement,
     pod_spec,
     volumes,
@@ -67,6 +69,7 @@ GROUP_SET_LABEL = f"{PREFIX}/group-set"  # the set (leader StatefulSet / LeaderW
 GROUP_LABEL = f"{PREFIX}/group"  # a worker's group: its leader's pod name
 LEADER, WORKER = "leader", "worker"
 WORKER_CONTAINER = "worker"
+WAIT_CONTAINER = "wait-for-workers"  # a llama.cpp leader's init container
 # Labels the workload controllers put on pods (StatefulSet; LeaderWorkerSet, from
 # sigs.k8s.io/lws api/leaderworkerset/v1/leaderworkerset_types.go).
 STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
@@ -150,7 +153,25 @@ class GroupModel:
 
     def leader_pod(self, anti_affinity: list[Obj]) -> Obj:
         spec = pod_spec(replace(self.ctx, rpc_servers=self.rpc_servers()))
+        if self.rpc_servers():
+            spec["initContainers"] = [self._wait_for_workers()]
         return _with_anti_affinity(spec, anti_affinity)
+
+    def _wait_for_workers(self) -> Obj:
+        """llama-server aborts when an --rpc worker does not answer, and a container that
+        keeps exiting backs off for up to five minutes: the leader waits for its workers'
+        ports first (`glm-operator wait-tcp`, from the gateway's image)."""
+        config = self.ctx.config
+        return {
+            "name": WAIT_CONTAINER,
+            "image": config.operator_image,
+            "command": ["glm-operator"],
+            "args": ["wait-tcp", *self.rpc_servers()],
+            "env": [POD_NAME_VAR],
+            "resources": gateway_resources(config),
+            "securityContext": container_security_context(config),
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
 
     def worker_pod(self, leader_address: str, anti_affinity: list[Obj]) -> Obj:
         ctx = self.ctx
