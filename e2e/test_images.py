@@ -37,6 +37,7 @@ from typing import Any
 
 import pytest
 import yaml
+from glm_operator.render.engine_args import RPC_SERVER
 
 from e2e import images
 from e2e.conftest import in_ci
@@ -304,6 +305,12 @@ def test_rendered_pods_run_the_built_images(
     python = podman("run", "--rm", "--entrypoint", "python3", images.python_spec().reference,
                      "-c", "import platform; print(platform.python_version())").strip()
     assert python == images.IMAGE_PYTHON, (python, images.IMAGE_PYTHON)
+    # A multi-node group's workers run the llama.cpp image with the renderer's worker command
+    # instead of the entrypoint: on the image's PATH, its libraries present, as its user.
+    ran = podman.store.run(podman.store.podman(
+        "run", "--rm", "--read-only", "--entrypoint", RPC_SERVER,
+        images.llama_cpu_spec().reference, "--help"), "podman run", timeout=120)
+    assert "--port PORT" in ran.stdout + ran.stderr, ran
 
     # 2. The fetch Job's pod, from the same image, into the cache volume.
     job = wait_for(lambda: kubectl.items("jobs", "-n", namespace), timeout=60,
