@@ -57,6 +57,7 @@ from e2e import cluster as local_cluster
 from e2e import toolchain
 from e2e.kubectl import Kubectl, KubectlError, Manifest
 from e2e.kubectl import wait_for as _wait_for
+from e2e.operator_fixtures import OperatorProcess
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -85,6 +86,12 @@ def pytest_runtest_makereport(
     """Keep each phase's report on the item, so `namespace` can dump state after a failure."""
     report = yield
     setattr(item, f"_e2e_report_{report.when}", report)
+    if report.failed:
+        # A test that waited on the operator and timed out is explained by the operator's log.
+        funcargs = getattr(item, "funcargs", {})
+        for value in funcargs.values():
+            if isinstance(value, OperatorProcess):
+                report.sections.append(("glm-operator log (last 150 lines)", value.tail(150)))
     return report
 
 

@@ -110,12 +110,44 @@ class OperatorProcess:
             self.proc.wait()
 
 
+def wait_serving(process: OperatorProcess, kubectl: Kubectl, namespace: str,
+                 timeout: float = 180) -> None:
+    """Wait until the operator reconciles: a probe ModelVersion in `namespace` (which its
+    namespace globs match) gets its fetch Job. Its liveness endpoint answers as soon as kopf
+    has started, before every watch has listed; a test that starts then measures the start-up,
+    not what it tests. A failure here shows the operator's log."""
+    name = f"readiness-probe-{uuid.uuid4().hex[:5]}"
+    kubectl.apply({
+        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"source": {"uri": "pvc://model-store/probe.gguf"}, "format": "gguf"},
+    })
+    started = time.monotonic()
+    try:
+        wait_for(lambda: process.alive() and kubectl.items(
+                     "jobs", "-n", namespace, "-l", f"glm-operator.dev/model-version={name}"),
+                 timeout=timeout, what=f"glm-operator to create the fetch Job of {name}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nglm-operator log:\n{process.tail(200)}") from exc
+    finally:
+        kubectl.run("delete", "modelversion", name, "-n", namespace, "--wait=false",
+                    "--ignore-not-found", check=False)
+    waited = time.monotonic() - started
+    if waited > 30:
+        print(f"[e2e] glm-operator took {waited:.0f}s to reconcile its first object")
+
+
 @pytest.fixture(scope="session")
 def operator(glm_crds: list[str], kubectl: Kubectl) -> Iterator[OperatorProcess]:
-    """The operator, running until the end of the session."""
+    """The operator, running until the end of the session, seen reconciling."""
     process = OperatorProcess(kubectl)
+    probe_namespace = f"e2e-operator-ready-{uuid.uuid4().hex[:5]}"
     try:
         wait_for(process.alive, timeout=60, what="glm-operator liveness endpoint")
+        kubectl.apply({"apiVersion": "v1", "kind": "Namespace",
+                       "metadata": {"name": probe_namespace}})
+        wait_serving(process, kubectl, probe_namespace)
+        kubectl.run("delete", "namespace", probe_namespace, "--wait=false", check=False)
         yield process
     finally:
         process.stop()

@@ -122,6 +122,12 @@ def _run_kopf(args: argparse.Namespace) -> None:
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # kopf's defaults wait up to 5 minutes on one stuck request (an initial LIST, a
+        # patch) with no connect limit: until every watch has listed, kopf holds every
+        # handler, so one hung connection would leave the operator deaf for minutes.
+        settings.watching.connect_timeout = 10
+        settings.networking.connect_timeout = 10
+        settings.networking.request_timeout = 60
         # One active replica is the Lease's job (--leader-elect), not kopf peering's.
         settings.peering.standalone = True
 

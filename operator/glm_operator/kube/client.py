@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from glm_operator.kube.resources import ResourceKind, kind_for, kind_of
 
 FIELD_MANAGER = "glm-operator"
+REQUEST_TIMEOUT = (10.0, 60.0)  # seconds: connect, then read
 
 API_REQUESTS = Counter(
     "glm_operator_api_requests_total",
@@ -116,6 +117,9 @@ class KubeClient:
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
                 _preload_content=True,
+                # Without a timeout a request on a half-open connection blocks its reconcile
+                # thread forever; with one it fails like any other call and is retried.
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as exc:
             raise KubeError(_api_message(exc), status=exc.status) from exc
