@@ -1,0 +1,235 @@
+"""The vLLM argv the operator renders, parsed by the pinned vLLM's own command line.
+
+Every `vllm serve` container in the render goldens (single node, NVIDIA and Ascend; multi-node
+groups as StatefulSets and as LeaderWorkerSets, pipeline parallel over Ray) and in the
+rendered examples goes through vLLM's real `vllm` entry point (e2e/vllm_cli_parse.py): its
+parser, `validate_parsed_serve_args`, and the `AsyncEngineArgs` that `vllm serve` builds from
+the parsed arguments. A flag vLLM does not know, a value it refuses or a parser name it lacks
+fails here, as test_engine_argv.py does for llama-server. The Ascend containers run vLLM's own
+CLI too (vllm-ascend is a platform plugin; it adds no serve flags). vLLM is given its CPU
+platform (it picks one by probing hardware, and builds no parser on none): flags parse the
+same on every platform.
+
+What this cannot check without an accelerator: `create_engine_config()` (it reads the model's
+config.json and probes the device), so device-dependent refusals are out of scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from glm_operator.config import OperatorConfig
+from glm_operator.render.cli import render_documents
+from glm_operator.render.service import Capabilities
+
+from e2e.conftest import in_ci
+from e2e.vllm_cli import VLLM_VERSION, VllmEnvError, ensure_vllm, parse_with_vllm
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "render" / "golden"
+EXAMPLES = REPO / "examples"
+
+# Rendered flag -> how its text reads, and whether it must reach the engine's arguments
+# (AsyncEngineArgs) or stays with the API server (the parsed namespace only).
+FLAGS: dict[str, tuple[type, bool]] = {
+    "--served-model-name": (str, True),
+    "--host": (str, False),
+    "--port": (int, False),
+    "--tensor-parallel-size": (int, True),
+    "--pipeline-parallel-size": (int, True),
+    "--distributed-executor-backend": (str, True),
+    "--max-model-len": (int, True),
+    "--max-num-seqs": (int, True),
+    "--max-num-batched-tokens": (int, True),
+    "--gpu-memory-utilization": (float, True),
+    "--kv-cache-dtype": (str, True),
+    "--dtype": (str, True),
+    "--tool-call-parser": (str, False),
+    "--reasoning-parser": (str, True),
+}
+
+
+def _pod_specs(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    spec = obj.get("spec", {})
+    if "template" in spec:
+        yield "", spec["template"].get("spec", {})
+    group = spec.get("leaderWorkerTemplate", {})
+    for role in ("leaderTemplate", "workerTemplate"):
+        if role in group:
+            yield f"{role}/", group[role].get("spec", {})
+
+
+def vllm_argvs(objects: list[dict[str, Any]], source: str) -> dict[str, list[str]]:
+    """{case: argv} of every container that runs `vllm serve` or `ray`, and of every
+    postStart hook that runs `ray` (a group leader's Ray head)."""
+    found: dict[str, list[str]] = {}
+    for obj in objects:
+        for role, pod in _pod_specs(obj):
+            for container in pod.get("containers", []):
+                name = f"{source}:{obj['kind']}/{obj['metadata']['name']}/{role}{container['name']}"
+                argv = [str(a) for a in (*container.get("command", []),
+                                         *container.get("args", []))]
+                if argv[:2] == ["vllm", "serve"] or argv[:1] == ["ray"]:
+                    found[name] = argv
+                hook = container.get("lifecycle", {}).get("postStart", {}).get("exec", {})
+                if hook.get("command", [])[:1] == ["ray"]:
+                    found[name + "/postStart"] = [str(a) for a in hook["command"]]
+    return found
+
+
+def is_vllm(argv: list[str]) -> bool:
+    return argv[:2] == ["vllm", "serve"]
+
+
+def golden_cases() -> dict[str, list[str]]:
+    cases: dict[str, list[str]] = {}
+    for path in sorted(GOLDEN.glob("*.yaml")):
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        cases.update(vllm_argvs(docs, path.stem))
+    return cases
+
+
+def example_cases() -> dict[str, list[str]]:
+    cases: dict[str, list[str]] = {}
+    for folder in sorted(p.parent for p in EXAMPLES.glob("*/glmservice.yaml")):
+        docs = []
+        for path in sorted(folder.glob("*.yaml")):
+            for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
+                if doc is not None:
+                    doc.setdefault("metadata", {}).setdefault("uid", f"uid-{index}")
+                    docs.append((f"{path.name}#{index}", doc))
+        objects = render_documents(docs, OperatorConfig(), namespace="examples",
+                                   capabilities=Capabilities(service_monitor=True))
+        cases.update(vllm_argvs(objects, f"examples/{folder.name}"))
+    return cases
+
+
+def flag_values(argv: list[str]) -> dict[str, str | None]:
+    """--flag -> its value (None for a switch), from `vllm serve MODEL --flag value ...`."""
+    values: dict[str, str | None] = {}
+    rest = argv[3:]
+    for index, item in enumerate(rest):
+        if item.startswith("--"):
+            following = rest[index + 1] if index + 1 < len(rest) else None
+            values[item] = None if following is None or following.startswith("--") else following
+    return values
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    try:
+        return ensure_vllm()
+    except VllmEnvError as exc:
+        message = f"vllm=={VLLM_VERSION} could not be installed: {exc}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, list[str]]:
+    found = {**golden_cases(), **example_cases()}
+    # What the renderer makes today; a golden or example gone silently would shrink the check.
+    assert any("groups-vllm" in c for c in found) and any("lws-vllm" in c for c in found)
+    assert any("910b" in c for c in found) and any(c.startswith("examples/") for c in found)
+    assert any(argv[:1] == ["ray"] for argv in found.values())
+    return found
+
+
+def _with_value(argv: list[str], flag: str, value: str) -> list[str]:
+    at = argv.index(flag)
+    return [*argv[:at + 1], value, *argv[at + 2:]]
+
+
+@pytest.fixture(scope="module")
+def parsed(vllm_python: Path, cases: dict[str, list[str]]) -> dict[str, Any]:
+    # Controls ride along: a flag vLLM does not know, and parser names it lacks.
+    glm = next(argv for argv in cases.values() if "--tool-call-parser" in argv)
+    ray = next(argv for argv in cases.values() if argv[:1] == ["ray"])
+    controls = {
+        "control:unknown-flag": [*glm, "--no-such-vllm-flag", "1"],
+        "control:unknown-ray-flag": [*ray, "--no-such-ray-flag"],
+        "control:unknown-reasoning-parser": _with_value(glm, "--reasoning-parser", "nope-r"),
+        "control:unknown-tool-parser": _with_value(glm, "--tool-call-parser", "nope-t"),
+    }
+    return parse_with_vllm(vllm_python, {**cases, **controls})
+
+
+def test_the_pinned_vllm_ran(parsed: dict[str, Any]) -> None:
+    assert parsed["vllm"] == VLLM_VERSION
+
+
+def test_vllm_refuses_what_it_does_not_know(parsed: dict[str, Any]) -> None:
+    """Without this, a harness that accepted anything would pass every case below."""
+    for control, named in (("unknown-flag", "--no-such-vllm-flag"),
+                           ("unknown-ray-flag", "--no-such-ray-flag"),
+                           ("unknown-reasoning-parser", "nope-r"),
+                           ("unknown-tool-parser", "nope-t")):
+        result = parsed["results"][f"control:{control}"]
+        assert not result["ok"] and named in result["error"], (control, result)
+
+
+def test_every_rendered_vllm_argv_is_accepted_by_vllm(
+        cases: dict[str, list[str]], parsed: dict[str, Any]) -> None:
+    refused = {case: parsed["results"][case]["error"] for case in cases
+               if not parsed["results"][case]["ok"]}
+    assert refused == {}, f"vllm {VLLM_VERSION} refused rendered argvs: {refused}"
+
+
+def test_every_rendered_flag_is_a_whole_vllm_option(
+        cases: dict[str, list[str]], parsed: dict[str, Any]) -> None:
+    """argparse accepts a prefix of an option; the renderer must write the whole name, or a
+    new vLLM option sharing the prefix would make the flag ambiguous."""
+    options = set(parsed["serve_options"])
+    assert "--tensor-parallel-size" in options
+    partial = {case: sorted(set(flag_values(argv)) - options) for case, argv in cases.items()
+               if is_vllm(argv)}
+    assert {case: flags for case, flags in partial.items() if flags} == {}
+
+
+def test_vllm_reads_the_values_the_plan_rendered(
+        cases: dict[str, list[str]], parsed: dict[str, Any]) -> None:
+    for case, argv in cases.items():
+        if not is_vllm(argv):
+            continue
+        result = parsed["results"][case]
+        engine_args, namespace = result["engine_args"], result["namespace"]
+        assert engine_args["model"] == parsed["model_dir"], case  # the model path argument
+        flags = flag_values(argv)
+        unchecked = set(flags) - set(FLAGS) - {"--enable-auto-tool-choice"}
+        assert not unchecked, f"{case}: add {sorted(unchecked)} to FLAGS"
+        for flag, value in flags.items():
+            if flag not in FLAGS or value is None:
+                continue
+            kind, reaches_engine = FLAGS[flag]
+            dest = flag[2:].replace("-", "_")
+            places = [("namespace", namespace)] + ([("engine", engine_args)]
+                                                   if reaches_engine else [])
+            for where, values in places:
+                seen = values[dest]
+                if isinstance(seen, list):  # --served-model-name takes several names
+                    seen = seen[0]
+                assert kind(seen) == kind(value), f"{case}: {flag} {value} -> {where} {seen!r}"
+        if "--enable-auto-tool-choice" in flags:
+            assert namespace["enable_auto_tool_choice"] is True, case
+        # Every multi-node vLLM argv spans nodes through Ray (engine_args.py says why).
+        if int(flags.get("--pipeline-parallel-size") or 1) > 1:
+            assert engine_args["distributed_executor_backend"] == "ray", case
+
+
+def test_ray_reads_the_group_it_was_rendered_for(
+        cases: dict[str, list[str]], parsed: dict[str, Any]) -> None:
+    """The leader's head listens where the workers and the engine look for it."""
+    rays = {case: parsed["results"][case]["namespace"] for case, argv in cases.items()
+            if argv[:1] == ["ray"]}
+    heads = [p for p in rays.values() if p["head"]]
+    workers = [p for p in rays.values() if not p["head"]]
+    assert heads and workers
+    (port,) = {p["port"] for p in heads}
+    for params in workers:
+        assert params["address"].rsplit(":", 1)[1] == str(port)
+        assert params["block"] is True
