@@ -10,7 +10,9 @@ builds nothing:
     python -m e2e.toolchain path <component>        print the cached bin directory
     python -m e2e.toolchain list                    show what is cached
 
-Versions come from e2e/versions.toml, the only place they are pinned.
+Versions come from e2e/versions.toml, the only place they are pinned. A full build also
+installs the pinned vLLM's venv (e2e/vllm_cli.py; its version is the one the operator renders)
+alongside the compiles, since it is mostly download.
 """
 
 from __future__ import annotations
@@ -358,7 +360,8 @@ BUILD_ORDER = [
 ]
 
 
-def build_all(names: Sequence[str], jobs: int = 2) -> list[BuildError]:
+def build_all(names: Sequence[str], jobs: int = 2,
+              install_vllm: bool = False) -> list[BuildError]:
     """Build what is missing, `jobs` components at a time.
 
     Two at a time keeps both cores busy through the single-threaded phases of a build (module
@@ -367,13 +370,31 @@ def build_all(names: Sequence[str], jobs: int = 2) -> list[BuildError]:
     missing = sorted((n for n in dict.fromkeys(names) if not is_cached(n)),
                      key=lambda n: BUILD_ORDER.index(n) if n in BUILD_ORDER else -1)
     failures: list[BuildError] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=1) as downloads, \
+            ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # Mostly download and unpacking, little CPU: alongside the compiles, not after them.
+        side = downloads.submit(_install_vllm) if missing and install_vllm else None
         for future in [pool.submit(ensure, name) for name in missing]:
             try:
                 future.result()
             except BuildError as exc:
                 failures.append(exc)
+        if side is not None:
+            try:
+                side.result()
+            except BuildError as exc:
+                failures.append(exc)
     return failures
+
+
+def _install_vllm() -> None:
+    """The pinned vLLM's venv that e2e/test_vllm_argv.py uses (else it installs it itself)."""
+    from e2e.vllm_cli import VllmEnvError, ensure_vllm
+
+    try:
+        ensure_vllm()
+    except VllmEnvError as exc:
+        raise BuildError(f"vllm: {exc}") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,7 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = sorted(set(args.components) - set(BUILDERS))
         if unknown:
             parser.error(f"unknown component(s) {unknown}; choose from {sorted(BUILDERS)}")
-        failures = build_all(args.components or list(BUILDERS), jobs=args.jobs)
+        failures = build_all(args.components or list(BUILDERS), jobs=args.jobs,
+                             install_vllm=not args.components)
         for failure in failures:
             log(f"BUILD FAILED: {failure}")
         return 1 if failures else 0
