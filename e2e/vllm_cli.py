@@ -2,7 +2,7 @@
 
 vLLM is the version the operator renders by default (the tag of `VLLM_CUDA_IMAGE`, which
 tests/images checks against the Dockerfiles): one version source. Its wheel needs torch, so
-the venv is large (about 9 GB with torch's CUDA libraries) and is made once:
+the venv is large (about 10 GB with torch's CUDA libraries) and is made once:
 `~/.cache/glm-operator/vllm-<version>/` (GLM_OPERATOR_CACHE overrides the root), marked
 complete only after the install and an import of vLLM's CLI succeeded. No GPU is used: the
 argvs go through vLLM's command line up to the point where it would start serving
@@ -52,7 +52,7 @@ def ensure_vllm() -> Path:
         shutil.rmtree(venv)  # a half-made venv from an interrupted install
     venv.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(f"[vllm] installing vllm=={VLLM_VERSION} into {venv} (once; about 9 GB)", flush=True)
+    print(f"[vllm] installing vllm=={VLLM_VERSION} into {venv} (once; about 10 GB)", flush=True)
     steps = (
         [sys.executable, "-m", "venv", str(venv)],
         [str(_python(venv)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
