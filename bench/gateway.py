@@ -2,7 +2,8 @@
 
     python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
                             [--event-loops auto|uvloop,asyncio] [--baseline REF[,REF]]
-                            [--router auto|off] [--json out.json]
+                            [--router auto|off] [--engine llama|paced]
+                            [--token-gap-ms 2] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
 One llama-server (the pinned build, a tiny random-weight model, one slot per client) and, in
@@ -12,6 +13,11 @@ router, `pip install -e '.[bench]'`; no keys, limits or audit) as the reference 
 each mode (non-streaming, streaming) and concurrency level the load runs alternately direct
 and through each path (`rounds` times each, so a drift in machine load hits all alike).
 Every request asks for exactly `tokens` generated tokens (`ignore_eos`).
+
+`--engine paced` puts bench/paced_engine.py in llama-server's place: a chunk every
+`--token-gap-ms` at almost no CPU. On two shared cores the real engine computes on the cores
+the path and the load generator use, so with it a path's figures include the engine slowed
+by the path; with the paced engine they are the path's own.
 
 Reported per row and path: throughput (generated tokens/s) direct and through the path and
 their ratio, p50 latency (non-streaming) or p50 time to first chunk (streaming) on both and
@@ -131,13 +137,14 @@ async def _load(base_url: str, concurrency: int, stream: bool, tokens: int, requ
 def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, rounds: int = 2,
                   engine_threads: int = 1, work_dir: Path | None = None,
                   event_loops: tuple[str, ...] = ("auto",), baselines: tuple[str, ...] = (),
-                  router: bool = True) -> dict[str, object]:
+                  router: bool = True, engine_kind: str = "llama",
+                  token_gap_ms: float = 2.0) -> dict[str, object]:
     """One gateway per event loop in `event_loops` (and one per git revision in `baselines`
     running that revision's code, and
     vllm-router when installed and `router`), all in front of the same engine and measured in
     the same rounds, so they compare side by side too."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="glm-bench-gateway-"))
-    binary = llama_server_binary()
+    binary = llama_server_binary() if engine_kind == "llama" else None
     max_level = max(levels)
     model = write_tiny_llama(work / "tiny.gguf", TinyLlamaSpec(n_ctx_train=65536))
     per_slot = 256
@@ -146,24 +153,27 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
     (keys / "bench").write_text("sk-bench")
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
-        engine = stack.enter_context(LlamaServer.start(
-            [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np",
-             str(max_level), "-t", str(engine_threads), "--metrics"], work))
+        if engine_kind == "paced":
+            engine_url = stack.enter_context(_paced_engine(token_gap_ms, max_level, work))
+        else:
+            engine_url = stack.enter_context(LlamaServer.start(
+                [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np",
+                 str(max_level), "-t", str(engine_threads), "--metrics"], work)).url
         gateway_args = ["--api-keys", str(keys), "--engine-slots", str(max_level)]
         gateways = {loop: stack.enter_context(GatewayProcess.start(
-            engine.url, work / loop, [*gateway_args, "--event-loop", loop],
+            engine_url, work / loop, [*gateway_args, "--event-loop", loop],
             service_name="bench")) for loop in event_loops}
         for ref in baselines:
             source = _export_operator(ref, work / "baseline" / ref)
             gateways[f"baseline {ref}"] = stack.enter_context(GatewayProcess.start(
-                engine.url, work / "baseline" / ref, gateway_args, service_name="bench",
+                engine_url, work / "baseline" / ref, gateway_args, service_name="bench",
                 env={"PYTHONPATH": str(source)}))
         paths: dict[str, tuple[str, Callable[[], float]]] = {
             name: (gateway.url, gateway.cpu_seconds) for name, gateway in gateways.items()}
         router_binary = shutil.which(ROUTER, path=f"{Path(sys.executable).parent}:"
                                      f"{os.environ.get('PATH', '')}") if router else None
         if router_binary:
-            paths[ROUTER] = stack.enter_context(_vllm_router(router_binary, engine.url, work))
+            paths[ROUTER] = stack.enter_context(_vllm_router(router_binary, engine_url, work))
         elif router:
             print(f"{ROUTER} not installed (pip install -e '.[bench]'): no reference column",
                   flush=True)
@@ -175,7 +185,7 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
                 cpu = dict.fromkeys(paths, 0.0)
                 for _ in range(rounds):
                     direct.append(asyncio.run(
-                        _load(engine.url, level, stream, tokens, requests, "none")))
+                        _load(engine_url, level, stream, tokens, requests, "none")))
                     for name, (url, cpu_seconds) in paths.items():
                         before = cpu_seconds()
                         proxied[name].append(asyncio.run(
@@ -200,8 +210,37 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
         rss_mib = max(_peak_rss_mib(gateway) for gateway in gateways.values())
     print(f"gateway peak RSS {rss_mib:.1f} MiB", flush=True)
     return {"tokens": tokens, "rounds": rounds, "engine_threads": engine_threads,
+            "engine": engine_kind if engine_kind == "llama" else f"paced {token_gap_ms:g} ms",
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
+
+
+@contextlib.contextmanager
+def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[str]:
+    """bench/paced_engine.py in its own process; yields its URL."""
+    port = free_port()
+    log = (work / "paced-engine.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.paced_engine", "--port", str(port),
+         "--token-gap-ms", f"{token_gap_ms:g}", "--slots", str(slots)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"paced engine exited {process.returncode}: see {log.name}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if http_json(url + "/health", timeout=2)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"paced engine not healthy after 30 s: see {log.name}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def _export_operator(ref: str, into: Path) -> Path:
@@ -304,13 +343,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run a gateway with the code of each git revision")
     parser.add_argument("--router", choices=("auto", "off"), default="auto",
                         help=f"auto: add {ROUTER} as a reference column when installed")
+    parser.add_argument("--engine", choices=("llama", "paced"), default="llama",
+                        help="llama: the pinned llama-server on a tiny model; paced: "
+                             "bench/paced_engine.py, a chunk every --token-gap-ms at almost "
+                             "no CPU, so a path's own cost is not hidden by the engine's")
+    parser.add_argument("--token-gap-ms", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
                            args.rounds, args.engine_threads,
                            event_loops=tuple(args.event_loops.split(",")),
                            baselines=tuple(filter(None, args.baseline.split(","))),
-                           router=args.router == "auto")
+                           router=args.router == "auto", engine_kind=args.engine,
+                           token_gap_ms=args.token_gap_ms)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)
