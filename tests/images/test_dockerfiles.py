@@ -92,6 +92,22 @@ def test_python_image_runs_glm_operator_at_the_project_version() -> None:
     assert exec_form(entrypoints[-1].value) == ["glm-operator"]
 
 
+@pytest.mark.parametrize("image", ["vllm-cuda", "vllm-ascend"])
+def test_vllm_images_have_the_ray_that_groups_start(image: str) -> None:
+    """Multi-node vLLM groups run `ray start` from the engine image; an image without Ray
+    must fail its build, not a group at run time."""
+    dockerfile = parse(EXPECTED[image].read_text())
+    final = inherited(dockerfile, dockerfile.stages[-1])
+    runs = [i.value for i in final if i.keyword == "RUN"]
+    ray = [run for run in runs if "import ray" in run and "ray --version" in run]
+    assert ray, f"{image}: no RUN that installs Ray when the base lacks it and checks it"
+    assert "${RAY_VERSION}" in ray[0] and dockerfile.args()["RAY_VERSION"]
+    keywords = [i.keyword for i in final]
+    user = len(keywords) - 1 - keywords[::-1].index("USER")
+    ray_step = next(n for n, i in enumerate(final) if i.keyword == "RUN" and i.value == ray[0])
+    assert ray_step < user, f"{image}: Ray must be installed before USER drops root"
+
+
 # The images the test suite builds: `runtime` (the default) builds from source, the tests'
 # `runtime-prebuilt` takes the same thing from the build context. Nothing else may differ.
 PREBUILT = {"llamacpp-cpu": ("prebuilt/llama-server", "build"),
