@@ -303,6 +303,15 @@ def fetch_keda(version: str, out: Path, work: Path) -> None:
     )
 
 
+def fetch_lws(version: str, out: Path, work: Path) -> None:
+    """LeaderWorkerSet's CRD, as its controller-gen wrote it, from the sigs.k8s.io/lws module."""
+    _fetch_module_files(
+        "lws", f"sigs.k8s.io/lws@{version}",
+        {"config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml":
+             "lws-leaderworkersets.yaml"}, out, work,
+    )
+
+
 def build_llama_server(version: str, out: Path, work: Path) -> None:
     """llama-server and ggml-rpc-server (CPU) from the llama.cpp tree vendored in the
     llama-cpp-python sdist. The cmake flags are the ones runtime-images/llamacpp/Dockerfile.cpu
@@ -321,6 +330,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
     "keda": fetch_keda,
+    "lws": fetch_lws,
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
     "custom_metrics_apiserver": build_custom_metrics_apiserver,
