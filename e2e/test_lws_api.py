@@ -56,7 +56,9 @@ def lws_crd(kubectl: Kubectl) -> Iterator[dict[str, Any]]:
     kubectl.apply(regrouped)
 
     def established() -> bool:
-        conditions = kubectl.get_json("crd", CRD_NAME).get("status", {}).get("conditions", [])
+        # Right after creation the API server may show `conditions: null`.
+        status = kubectl.get_json("crd", CRD_NAME).get("status") or {}
+        conditions = status.get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
     wait_for(established, timeout=60, what=f"CRD {CRD_NAME} Established")
     yield crd
