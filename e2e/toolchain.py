@@ -64,7 +64,10 @@ def _llama_flags_key() -> str:
 
 # Components whose build has options beyond their version: the options' hash joins the cache
 # directory name, so changing one rebuilds.
-BUILD_KEYS: dict[str, Callable[[], str]] = {"llama_cpp_python": _llama_flags_key}
+BUILD_KEYS: dict[str, Callable[[], str]] = {
+    "llama_cpp_python": _llama_flags_key,
+    "lws": lambda: "controller",  # the CRD alone was cached under the plain name before
+}
 
 
 def bin_dir(name: str) -> Path:
@@ -303,13 +306,22 @@ def fetch_keda(version: str, out: Path, work: Path) -> None:
     )
 
 
-def fetch_lws(version: str, out: Path, work: Path) -> None:
-    """LeaderWorkerSet's CRD, as its controller-gen wrote it, from the sigs.k8s.io/lws module."""
+def build_lws(version: str, out: Path, work: Path) -> None:
+    """LeaderWorkerSet from the sigs.k8s.io/lws module: its CRD and admission webhooks as
+    controller-gen wrote them, and its controller (`lws-manager`, the module's cmd package,
+    built through a wrapper module like the test-adapter)."""
     _fetch_module_files(
         "lws", f"sigs.k8s.io/lws@{version}",
         {"config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml":
-             "lws-leaderworkersets.yaml"}, out, work,
+             "lws-leaderworkersets.yaml",
+         "config/webhook/manifests.yaml": "lws-webhooks.yaml"}, out, work,
     )
+    module_dir = work / "lws-wrapper"
+    _write_module(module_dir, "glm-operator.dev/e2e/lws",
+                  f"go 1.26.0\n\nrequire sigs.k8s.io/lws {version}\n",
+                  {"doc.go": "package lws\n"})
+    _go_build_with_progress("lws", module_dir, ["sigs.k8s.io/lws/cmd"], out, "-s -w")
+    (out / "cmd").rename(out / "lws-manager")
 
 
 def build_llama_server(version: str, out: Path, work: Path) -> None:
@@ -330,7 +342,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
     "keda": fetch_keda,
-    "lws": fetch_lws,
+    "lws": build_lws,
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
     "custom_metrics_apiserver": build_custom_metrics_apiserver,
@@ -366,7 +378,8 @@ def ensure(name: str) -> Path:
 
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
-    "kubernetes", "minio", "llama_cpp_python", "custom_metrics_apiserver", "kwok", "helm", "etcd",
+    "kubernetes", "minio", "llama_cpp_python", "custom_metrics_apiserver", "lws", "kwok",
+    "helm", "etcd",
 ]
 
 

@@ -507,10 +507,19 @@ def test_multi_node_service_is_a_leader_worker_set_when_its_crd_is_served() -> N
     (lws,) = [o for o in decision.desired if o["kind"] == "LeaderWorkerSet"]
     live = copy.deepcopy(lws)
     live["metadata"]["generation"] = 3
-    live["status"] = {"observedGeneration": 3, "replicas": 1, "updatedReplicas": 1,
-                      "readyReplicas": 1}
-    ready = decide(svc, [ready_mv(mv)], [live], capabilities=Capabilities(leader_worker_set=True))
+    # The status LeaderWorkerSet v0.7.0's controller writes (seen on the local control plane):
+    # no observedGeneration, anywhere.
+    live["status"] = {"replicas": 1, "updatedReplicas": 1, "hpaPodSelector": "x",
+                      "conditions": [{"type": "Available", "status": "True",
+                                      "reason": "AllGroupsReady"}]}
+    lws_served = Capabilities(leader_worker_set=True)
+    starting = decide(svc, [ready_mv(mv)], [live], capabilities=lws_served)
+    assert starting.status.stable_model_version is None
+    assert cond(starting, "Ready").status == "False"
+    live["status"]["readyReplicas"] = 1
+    ready = decide(svc, [ready_mv(mv)], [live], capabilities=lws_served)
     assert ready.status.stable_model_version == mv["metadata"]["name"]
+    assert cond(ready, "Ready").status == "True"
 
 
 def test_a_plan_change_under_the_same_version_says_groups_restart_in_place() -> None:

@@ -71,13 +71,14 @@ SERVICE_CRD_CHILDREN = (
 # operator remembers what it applied, reads them only when its intent changed, and reads
 # them again at every resync to undo edits and deletions.
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
+LEADER_WORKER_SET = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
 OPTIONAL_CHILD_KINDS = frozenset({
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("networking.istio.io/v1", "VirtualService"),
     ("networking.istio.io/v1", "DestinationRule"),
     SCALED_OBJECT,
     ("coordination.k8s.io/v1", "Lease"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
+    LEADER_WORKER_SET,
 })
 # Applied after the watched children are pruned: KEDA's admission webhook refuses a
 # ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
@@ -610,9 +611,11 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 discover_scaled_objects(rt.kube, body["metadata"]["uid"], namespace, name)
             activity = (_read_activity(rt.kube, namespace, name)
                         if long_context_reading_due(body, children, now) else None)
+            groups = (_live_leader_worker_sets(rt.kube, namespace, name)
+                      if capabilities.leader_worker_set and _multi_node(body) else [])
             decision = decide_service(
-                body, _model_versions_of(body, indexes["modelversions"], namespace), children,
-                rt.config, rt.profiles, capabilities, now=now,
+                body, _model_versions_of(body, indexes["modelversions"], namespace),
+                [*children, *groups], rt.config, rt.profiles, capabilities, now=now,
                 analysis=_canary_analysis(rt.config, body, now),
                 long_context_activity=activity)
             corrected: list[str] = []
@@ -633,8 +636,12 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 _count_status_change(old_status, new_status)
             _emit(rt.kube, body, [*decision.events, *_drift_events(corrected)])
             if rt.wakeups is not None:
-                if decision.requeue_after is not None:
-                    rt.wakeups.schedule(key, decision.requeue_after)
+                settling = _groups_settling(groups, decision.desired)
+                requeue = [t for t in (decision.requeue_after,
+                                       GROUPS_POLL_SECONDS if settling else None)
+                           if t is not None]
+                if requeue:
+                    rt.wakeups.schedule(key, min(requeue))
                 else:
                     rt.wakeups.cancel(key)
         except KubeError as exc:
@@ -646,6 +653,42 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 return
             raise _retry_later(key, exc) from exc
         metrics.RECONCILES.labels("GLMService", "ok").inc()
+
+
+# LeaderWorkerSets are not watched (an optional CRD, see OPTIONAL_CHILD_KINDS): while a
+# service's groups are not all ready, its reconcile comes back this often to read them.
+GROUPS_POLL_SECONDS = 10.0
+
+
+def _multi_node(body: Mapping[str, Any]) -> bool:
+    accelerator = body.get("spec", {}).get("accelerator") or {}
+    return int(accelerator.get("nodes") or 1) > 1
+
+
+def _live_leader_worker_sets(kube: KubeClient, namespace: str, service: str) -> list[Obj]:
+    """The service's LeaderWorkerSets as they are now: their status (ready groups) is what
+    Ready, rollouts and autoscaling count, and nothing else reports it."""
+    return kube.list(*LEADER_WORKER_SET, namespace,
+                     f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}")
+
+
+def _groups_settling(live: list[Obj], desired: list[Obj]) -> bool:
+    """A LeaderWorkerSet the operator wants has groups not yet created, updated or ready:
+    judged against what this reconcile applied (`desired`), since `live` was read before."""
+    by_name = {o["metadata"]["name"]: o for o in live}
+    for want in desired:
+        if want.get("kind") != LEADER_WORKER_SET[1]:
+            continue
+        lws = by_name.get(want["metadata"]["name"])
+        if lws is None:
+            return True  # created just now
+        # An autoscaled set's replicas are the autoscaler's: the live spec says how many.
+        wanted = want["spec"].get("replicas", lws.get("spec", {}).get("replicas", 1))
+        status = lws.get("status") or {}
+        if (status.get("readyReplicas", 0) < wanted or status.get("updatedReplicas", 0) < wanted
+                or status.get("replicas", 0) != wanted):
+            return True
+    return False
 
 
 def _read_activity(kube: KubeClient, namespace: str, service: str) -> ActivityReading:

@@ -214,9 +214,18 @@ def _autoscaling_condition(autoscaling: Autoscaling, p: Plan) -> tuple[bool, str
 
 # The workloads that count a pool's replicas: Deployments, and for multi-node replicas the
 # leader StatefulSet or the LeaderWorkerSet (one replica = one group; the worker StatefulSets
-# carry no pool label). All four report observedGeneration, replicas, updatedReplicas and
-# readyReplicas alike.
+# carry no pool label). All report replicas, updatedReplicas and readyReplicas alike.
 POOL_WORKLOADS = frozenset({"Deployment", "StatefulSet", "LeaderWorkerSet"})
+
+
+def _caught_up(workload: Obj) -> bool:
+    """Its status describes its current spec. LeaderWorkerSet (v0.7) reports no
+    observedGeneration: its updatedReplicas, counted against the current template's revision,
+    is what says so (a new version is a new object, whose status starts empty)."""
+    meta, status = workload.get("metadata", {}), workload.get("status") or {}
+    if workload.get("kind") == "LeaderWorkerSet" and "observedGeneration" not in status:
+        return True
+    return bool(status.get("observedGeneration", 0) >= meta.get("generation", 1))
 
 
 def _pool_deployments(children: Sequence[Obj], version: str | None, pool: str) -> list[Obj]:
@@ -231,9 +240,9 @@ def _pool_deployments(children: Sequence[Obj], version: str | None, pool: str) -
 
 def _rolled_out(deployment: Obj, wanted: int) -> bool:
     """The Deployment has caught up with its spec and has `wanted` ready pods."""
-    meta, status = deployment.get("metadata", {}), deployment.get("status", {})
+    status = deployment.get("status") or {}
     return bool(
-        status.get("observedGeneration", 0) >= meta.get("generation", 1)
+        _caught_up(deployment)
         and status.get("updatedReplicas", 0) >= wanted
         and status.get("readyReplicas", 0) >= wanted
         and status.get("replicas", 0) == status.get("updatedReplicas", 0)
@@ -244,8 +253,8 @@ def _ready_pods(deployments: Sequence[Obj]) -> int:
     """Ready pods of the current pod template (0 while the Deployment has not caught up)."""
     total = 0
     for d in deployments:
-        meta, status = d.get("metadata", {}), d.get("status", {})
-        if status.get("observedGeneration", 0) >= meta.get("generation", 1):
+        status = d.get("status") or {}
+        if _caught_up(d):
             total += min(status.get("updatedReplicas", 0), status.get("readyReplicas", 0))
     return total
 
