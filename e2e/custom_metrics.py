@@ -45,7 +45,6 @@ from types import TracebackType
 from typing import Any
 
 import pytest
-import yaml
 
 from e2e import cluster as local_cluster
 from e2e import toolchain
@@ -129,17 +128,7 @@ class CustomMetricsAdapter:
         return cert, key
 
     def _adapter_kubeconfig(self) -> Path:
-        """The cluster's kubeconfig, pointed at the API server through the veth pair. The API
-        server's certificate names localhost, not that address, hence tls-server-name."""
-        config: dict[str, Any] = yaml.safe_load(self.kubeconfig.read_text())
-        for entry in config["clusters"]:
-            server = entry["cluster"]["server"]
-            port = server.rsplit(":", 1)[1]
-            entry["cluster"]["server"] = f"https://{self.netns.host_ip}:{port}"
-            entry["cluster"]["tls-server-name"] = "localhost"
-        path = self.workdir / "kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        return path
+        return self.netns.kubeconfig_inside(self.kubeconfig, self.workdir / "kubeconfig")
 
     def _objects(self, ca_bundle: str) -> list[dict[str, Any]]:
         labels = {"app.kubernetes.io/name": SERVICE, "glm-operator.dev/e2e": "true"}

@@ -113,16 +113,7 @@ class LwsController:
         return path
 
     def _kubeconfig(self) -> Path:
-        """The cluster's kubeconfig, pointed at the API server through the veth pair (its
-        certificate names localhost, hence tls-server-name)."""
-        config: dict[str, Any] = yaml.safe_load(self.kubectl.kubeconfig.read_text())
-        for entry in config["clusters"]:
-            port = entry["cluster"]["server"].rsplit(":", 1)[1]
-            entry["cluster"]["server"] = f"https://{self.netns.host_ip}:{port}"
-            entry["cluster"]["tls-server-name"] = "localhost"
-        path = self.workdir / "kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        return path
+        return self.netns.kubeconfig_inside(self.kubectl.kubeconfig, self.workdir / "kubeconfig")
 
     def _mount_certificate(self) -> None:
         def filled() -> dict[str, str] | None:

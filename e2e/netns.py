@@ -28,7 +28,11 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
+from typing import Any
+
+import yaml
 
 # 10.250.0.0/16 is carved into /30 links, one per port offset: offsets 0..16383 never share.
 LINK_RANGE = ipaddress.IPv4Network("10.250.0.0/16")
@@ -66,6 +70,17 @@ class VethNamespace:
                    host_ip=str(base + 1), inner_ip=str(base + 2))
 
     # --- commands --------------------------------------------------------------------------
+
+    def kubeconfig_inside(self, kubeconfig: Path, out: Path) -> Path:
+        """`kubeconfig` for a process in this namespace, written to `out`: the API server
+        through the veth pair (its certificate names localhost, hence tls-server-name)."""
+        config: dict[str, Any] = yaml.safe_load(kubeconfig.read_text())
+        for entry in config["clusters"]:
+            port = entry["cluster"]["server"].rsplit(":", 1)[1]
+            entry["cluster"]["server"] = f"https://{self.host_ip}:{port}"
+            entry["cluster"]["tls-server-name"] = "localhost"
+        out.write_text(yaml.safe_dump(config))
+        return out
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         """`argv` run inside the namespace."""

@@ -34,8 +34,7 @@ from e2e.test_multinode import L4, MODEL_VERSION, NAME, SERVICE, SET, VERSION, g
 from e2e.test_operator import glms, node_labels
 
 REPO = Path(__file__).resolve().parent.parent
-PORT_OFFSET = 300  # this cluster's ports: the shared cluster's plus this
-NETNS_SLOT = 3  # its lws-manager's veth pair (the shared cluster's adapter uses slot 0)
+PORT_OFFSET = 300  # this cluster's ports (and its veth pair): the shared cluster's plus this
 PREFIX = "glm-lws-"
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
@@ -69,7 +68,7 @@ def lws_cluster(kubectl: Kubectl) -> Iterator[Kubectl]:
 
 @pytest.fixture(scope="module")
 def lws(lws_cluster: Kubectl) -> Iterator[LwsController]:
-    controller = LwsController(lws_cluster, VethNamespace.for_cluster(offset=NETNS_SLOT))
+    controller = LwsController(lws_cluster, VethNamespace.for_cluster(offset=PORT_OFFSET))
     try:
         yield controller.start()
     except BaseException:
