@@ -23,16 +23,14 @@ from typing import Any
 
 import pytest
 import yaml
-from glm_operator.config import OperatorConfig
-from glm_operator.render.cli import render_documents
 from glm_operator.render.service import Capabilities
 
 from e2e import toolchain
+from e2e.examples import example_folders, render_example
 from e2e.kubectl import Kubectl, KubectlError, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "render" / "golden"
-EXAMPLES = REPO / "examples"
 GROUP = "leaderworkerset.x-k8s.io"
 CHECK_GROUP = "leaderworkerset.e2e-check.glm-operator.dev"
 CRD_NAME = f"leaderworkersets.{CHECK_GROUP}"
@@ -76,16 +74,9 @@ def golden_sets() -> dict[str, dict[str, Any]]:
 
 def example_sets() -> dict[str, dict[str, Any]]:
     found = {}
-    for folder in sorted(p.parent for p in EXAMPLES.glob("*/glmservice.yaml")):
-        docs = []
-        for path in sorted(folder.glob("*.yaml")):
-            for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
-                if doc is not None:
-                    doc.setdefault("metadata", {}).setdefault("uid", f"uid-{index}")
-                    docs.append((f"{path.name}#{index}", doc))
-        objects = render_documents(
-            docs, OperatorConfig(), namespace="examples",
-            capabilities=Capabilities(service_monitor=True, leader_worker_set=True))
+    for folder in example_folders():
+        objects = render_example(
+            folder, Capabilities(service_monitor=True, leader_worker_set=True))
         for obj in objects:
             if obj["kind"] == "LeaderWorkerSet":
                 found[f"examples/{folder.name}:{obj['metadata']['name']}"] = obj

@@ -22,16 +22,14 @@ from typing import Any
 
 import pytest
 import yaml
-from glm_operator.config import OperatorConfig
-from glm_operator.render.cli import render_documents
 from glm_operator.render.service import Capabilities
 
 from e2e.conftest import in_ci
+from e2e.examples import example_folders, render_example
 from e2e.vllm_cli import VLLM_VERSION, VllmEnvError, ensure_vllm, parse_with_vllm
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "render" / "golden"
-EXAMPLES = REPO / "examples"
 
 # Rendered flag -> how its text reads, and whether it must reach the engine's arguments
 # (AsyncEngineArgs) or stays with the API server (the parsed namespace only).
@@ -95,15 +93,8 @@ def golden_cases() -> dict[str, list[str]]:
 
 def example_cases() -> dict[str, list[str]]:
     cases: dict[str, list[str]] = {}
-    for folder in sorted(p.parent for p in EXAMPLES.glob("*/glmservice.yaml")):
-        docs = []
-        for path in sorted(folder.glob("*.yaml")):
-            for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
-                if doc is not None:
-                    doc.setdefault("metadata", {}).setdefault("uid", f"uid-{index}")
-                    docs.append((f"{path.name}#{index}", doc))
-        objects = render_documents(docs, OperatorConfig(), namespace="examples",
-                                   capabilities=Capabilities(service_monitor=True))
+    for folder in example_folders():
+        objects = render_example(folder, Capabilities(service_monitor=True))
         cases.update(vllm_argvs(objects, f"examples/{folder.name}"))
     return cases
 
