@@ -215,6 +215,21 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
             "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
 
 
+def _wait_healthy(process: subprocess.Popen[bytes], url: str, what: str, log_name: str,
+                  timeout: float) -> None:
+    """Until `url`/health answers 200; fails if the process exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited {process.returncode}: see {log_name}")
+        with contextlib.suppress(OSError, urllib.error.URLError):
+            if http_json(url + "/health", timeout=2)[0] == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not healthy after {timeout:g} s: see {log_name}")
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[str]:
     """bench/paced_engine.py in its own process; yields its URL."""
@@ -227,16 +242,7 @@ def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[str]:
         cwd=Path(__file__).resolve().parent.parent)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"paced engine exited {process.returncode}: see {log.name}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                if http_json(url + "/health", timeout=2)[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"paced engine not healthy after 30 s: see {log.name}")
-            time.sleep(0.1)
+        _wait_healthy(process, url, "paced engine", log.name, 30)
         yield url
     finally:
         process.terminate()
@@ -269,16 +275,7 @@ def _vllm_router(binary: str, engine_url: str, work: Path
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{ROUTER} exited {process.returncode}: see {log.name}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                if http_json(url + "/health", timeout=2)[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{ROUTER} not healthy after 60 s: see {log.name}")
-            time.sleep(0.1)
+        _wait_healthy(process, url, ROUTER, log.name, 60)
         yield url, lambda: _cpu_seconds(process.pid)
     finally:
         process.terminate()
