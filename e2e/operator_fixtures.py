@@ -110,12 +110,6 @@ class OperatorProcess:
             self.proc.wait()
 
 
-def terminating_namespaces(kubectl: Kubectl, prefix: str) -> list[str]:
-    return [n["metadata"]["name"] for n in kubectl.items("namespaces")
-            if n["metadata"]["name"].startswith(prefix)
-            and n.get("status", {}).get("phase") == "Terminating"]
-
-
 def wait_serving(process: OperatorProcess, kubectl: Kubectl, namespace: str,
                  timeout: float = 180) -> None:
     """Wait until the operator reconciles: a probe ModelVersion in `namespace` (which its
@@ -146,11 +140,6 @@ def wait_serving(process: OperatorProcess, kubectl: Kubectl, namespace: str,
 @pytest.fixture(scope="session")
 def operator(glm_crds: list[str], kubectl: Kubectl) -> Iterator[OperatorProcess]:
     """The operator, running until the end of the session, seen reconciling."""
-    # kopf (1.45) watches each namespace its globs match; a namespace deleted while its
-    # watchers still list leaves kopf's indexing gate closed, and the operator handles nothing
-    # (docs/development.md, "Known problems"). Earlier modules' namespaces go first.
-    wait_for(lambda: not terminating_namespaces(kubectl, "e2e-"), timeout=180,
-             what="earlier tests' e2e-* namespaces to finish deleting")
     process = OperatorProcess(kubectl)
     probe_namespace = f"e2e-operator-ready-{uuid.uuid4().hex[:5]}"
     try:

@@ -222,8 +222,8 @@ def test_namespaced_mode_gives_roles_and_cluster_wide_only_reads_of_crds_and_nam
 
 def test_namespace_globs_need_a_cluster_role(render: Render) -> None:
     objs = render({"watchNamespaces": ["team-*", "ml"]})
-    assert one(objs, "ClusterRole")["rules"] == CRD_RULES + NAMESPACE_LISTING_RULES + \
-        NAMESPACED_RULES
+    # Globs watch cluster-wide and filter in the operator: no listing of namespaces needed.
+    assert one(objs, "ClusterRole")["rules"] == CRD_RULES + NAMESPACED_RULES
     assert find(objs, "Role") == [one(objs, "Role", "glm-glm-operator-leader-election")]
     assert [a for a in container(objs)["args"] if a.startswith("--namespace=")] == [
         "--namespace=team-*", "--namespace=ml"]

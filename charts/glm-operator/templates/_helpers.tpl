@@ -69,7 +69,7 @@ them, and a glob matches namespaces that may not exist yet (no Role can be made 
 {{- define "glm-operator.clusterWide" -}}
 {{- $cluster := not .Values.watchNamespaces -}}
 {{- range .Values.watchNamespaces -}}
-{{- if regexMatch "[*?\\[\\]!]" . -}}{{- $cluster = true -}}{{- end -}}
+{{- if regexMatch "[*?\\[\\]!,]" . -}}{{- $cluster = true -}}{{- end -}}
 {{- end -}}
 {{- if $cluster }}true{{ end -}}
 {{- end -}}

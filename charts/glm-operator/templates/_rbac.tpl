@@ -85,9 +85,10 @@ into the model and fetch pods by name).
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
-{{- if .Values.watchNamespaces }}
-# Watching chosen namespaces (names or globs): kopf lists and watches namespaces to match
-# them. Refused, it retries for about a minute before it starts watching anything.
+{{- if not (include "glm-operator.clusterWide" .) }}
+# Watching namespaces by exact name: kopf lists and watches namespaces to find them. Refused,
+# it retries for about a minute before it starts watching anything. (Globs watch
+# cluster-wide and filter in the operator, which needs no namespace listing.)
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]

@@ -20,6 +20,8 @@ from prometheus_client import start_http_server
 
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
+from glm_operator.controllers.scope import NamespaceScope
+from glm_operator.controllers.scope import configure as configure_scope
 from glm_operator.kube.client import KubeClient, kubeconfig_connection
 from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identity
 from glm_operator.wellknown import PREFIX
@@ -33,7 +35,9 @@ log = logging.getLogger("glm_operator")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[],
-                       help="watch this namespace (repeatable; globs allowed)")
+                       help="manage this namespace (repeatable). Globs as kopf's ('team-*', "
+                            "'*,!kube-*') watch cluster-wide and filter; exact names watch "
+                            "each namespace")
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default without --namespace)")
     parser.add_argument("--config", type=Path, help="operator config YAML (images, profiles)")
@@ -149,10 +153,11 @@ def _run_kopf(args: argparse.Namespace) -> None:
     def _stop_resync(**_: Any) -> None:
         stop_resync.set()
 
-    namespaces = args.namespace or None
+    scope = NamespaceScope(tuple(args.namespace))
+    configure_scope(scope)
     kopf.run(
-        clusterwide=namespaces is None,
-        namespaces=namespaces or (),
+        clusterwide=scope.cluster_wide_watch,
+        namespaces=scope.kopf_namespaces,
         standalone=True,
         liveness_endpoint=args.liveness or None,
     )

@@ -38,6 +38,7 @@ from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.long_context import ActivityReading
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
 from glm_operator.controllers.rollout import analysis_window, gates
+from glm_operator.controllers.scope import in_scope
 from glm_operator.controllers.service_state import decide_service, long_context_reading_due
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
@@ -227,12 +228,12 @@ def _replicas_owners(entries: list[Obj]) -> list[Obj]:
     return kept
 
 
-@kopf.index(GROUP, VERSION, "glmservices")
+@kopf.index(GROUP, VERSION, "glmservices", when=in_scope)
 def glmservices(**kw: Any) -> dict[Key, Cached]:
     return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
 
-@kopf.index(GROUP, VERSION, "modelversions")
+@kopf.index(GROUP, VERSION, "modelversions", when=in_scope)
 def modelversions(**kw: Any) -> dict[Key, Cached]:
     return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
@@ -248,7 +249,7 @@ def _register_child_index(group: str, version: str, plural: str, label: str, nam
         return _child_index(kw["labels"], kw["namespace"], kw["body"], label)
 
     index.__name__ = name
-    kopf.index(group, version, plural, labels=MANAGED, id=name)(index)
+    kopf.index(group, version, plural, labels=MANAGED, id=name, when=in_scope)(index)
 
 
 SERVICE_CHILD_INDEXES = [f"service_{plural}" for _, _, plural in SERVICE_CRD_CHILDREN]
@@ -797,9 +798,9 @@ def _namespace_terminating(exc: KubeError) -> bool:
 # --- triggers -----------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "glmservices")
-@kopf.on.create(GROUP, VERSION, "glmservices")
-@kopf.on.update(GROUP, VERSION, "glmservices")
+@kopf.on.resume(GROUP, VERSION, "glmservices", when=in_scope)
+@kopf.on.create(GROUP, VERSION, "glmservices", when=in_scope)
+@kopf.on.update(GROUP, VERSION, "glmservices", when=in_scope)
 def glmservice_changed(**kw: Any) -> None:
     reconcile_service(kw["namespace"], kw["name"], kw)
 
@@ -833,17 +834,18 @@ def _on_service_child(**kw: Any) -> None:
 
 
 for _g, _v, _p in SERVICE_CRD_CHILDREN:
-    kopf.on.event(_g, _v, _p, labels=MANAGED, id=f"{_p}-changed")(_on_service_child)
+    kopf.on.event(_g, _v, _p, labels=MANAGED, id=f"{_p}-changed", when=in_scope)(
+        _on_service_child)
 
 
-@kopf.on.resume(GROUP, VERSION, "modelversions")
-@kopf.on.create(GROUP, VERSION, "modelversions")
-@kopf.on.update(GROUP, VERSION, "modelversions")
+@kopf.on.resume(GROUP, VERSION, "modelversions", when=in_scope)
+@kopf.on.create(GROUP, VERSION, "modelversions", when=in_scope)
+@kopf.on.update(GROUP, VERSION, "modelversions", when=in_scope)
 def modelversion_changed(**kw: Any) -> None:
     reconcile_model_version(kw["namespace"], kw["name"], kw)
 
 
-@kopf.on.event(GROUP, VERSION, "modelversions")
+@kopf.on.event(GROUP, VERSION, "modelversions", when=in_scope)
 def modelversion_event(**kw: Any) -> None:
     """A ModelVersion's status moved (the fetch Job reported): its services re-plan."""
     namespace, name = kw["namespace"], kw["name"]
@@ -856,7 +858,7 @@ def modelversion_event(**kw: Any) -> None:
         reconcile_service(namespace, service, kw, coalesce=True)
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED, when=in_scope)
 def fetch_job_event(**kw: Any) -> None:
     owner = kw["labels"].get(MODEL_VERSION_LABEL)
     if owner and kw["type"] is not None:
