@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.kv_cache import llamacpp_usage, vllm_usage
-from glm_operator.gateway.server import Gateway
+
+from .test_server import gateway_client
 
 
 def slot(n_ctx: int, processing: bool, tokens: int | None) -> dict[str, Any]:
@@ -83,8 +84,7 @@ async def test_the_gateway_publishes_the_engines_reading_and_nothing_before() ->
     await engine.start_server()
     config = GatewayConfig(engine_url=str(engine.make_url("")).rstrip("/"), service_name="glm",
                            model_version="v1", warmup=False, kv_cache_poll_seconds=0.02)
-    client = TestClient(TestServer(Gateway(config).app()))
-    await client.start_server()
+    client = await gateway_client(config)
     series = 'glm_gateway_kv_cache_usage_ratio{model_version="v1",pool="main",service="glm"}'
     try:
         await asyncio.sleep(0.2)

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from glm_operator.gateway.relay import ChunkedBody, EngineAddress, EngineProtocolError
 
-from .test_server import CHAT, base_config, gateway_client
+from .test_server import CHAT, GatewayClient, base_config, gateway_client
 
 EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
           b'data: {"choices":[{"delta":{},"finish_reason":"stop"}],'
@@ -62,7 +60,7 @@ def test_engine_address() -> None:
     assert EngineAddress.parse("http://engine:80/prefix") is None
 
 
-async def relay_gateway(url: str) -> TestClient[web.Request, web.Application]:
+async def relay_gateway(url: str) -> GatewayClient:
     """A gateway in front of `url` that never calls it unasked (no warm-up, shape given)."""
     return await gateway_client(base_config(url, warmup=False, engine_slots=1,
                                             context_length=100))
@@ -211,3 +209,61 @@ async def test_engine_breaking_off_mid_chunk_drops_the_client(
             await response.read()
     finally:
         await client.close()
+
+
+class KeepAliveEngine(asyncio.Protocol):
+    """Answers every POST with a small JSON body on the same connection; counts connections
+    and can close a connection after answering (as a restarted or idle-timing engine does)."""
+
+    connections = 0
+    close_after_answer = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.buffer = b""
+        self.counted = False
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while b"\r\n\r\n" in self.buffer:
+            head, _, rest = self.buffer.partition(b"\r\n\r\n")
+            if not head.startswith(b"POST "):  # the gateway's probes: not what is counted
+                self.buffer = rest
+                self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")  # type: ignore[attr-defined]
+                continue
+            if not self.counted:
+                type(self).connections += 1  # connections that carried a request
+                self.counted = True
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            if len(rest) < length:
+                return
+            self.buffer = rest[length:]
+            body = json.dumps({"choices": [{"message": {"content": "ok"}}],
+                               "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"  # type: ignore[attr-defined]
+                                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+            if type(self).close_after_answer:
+                self.transport.close()
+
+
+async def test_whole_answers_reuse_one_engine_connection_and_survive_its_closing() -> None:
+    loop = asyncio.get_running_loop()
+    KeepAliveEngine.connections, KeepAliveEngine.close_after_answer = 0, False
+    server = await loop.create_server(KeepAliveEngine, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = await relay_gateway(url)
+    try:
+        for _ in range(5):
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            assert response.status == 200 and (await response.json())["usage"]
+        assert KeepAliveEngine.connections == 1  # kept alive, not one per request
+        # The engine closes each connection after its answer: the pooled one is found closed
+        # (or closes under the next request, which is then sent again on a new connection).
+        KeepAliveEngine.close_after_answer = True
+        for _ in range(3):
+            response = await client.post("/v1/chat/completions", json=CHAT)
+            assert response.status == 200
+        assert KeepAliveEngine.connections >= 3
+    finally:
+        await client.close()
+        server.close()

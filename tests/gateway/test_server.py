@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
-from glm_operator.gateway.server import GATEWAY_KEY, Gateway
+from glm_operator.gateway.http import HttpServer
+from glm_operator.gateway.server import Gateway
 
 
 @dataclass
@@ -132,10 +134,35 @@ async def serve(app: web.Application) -> TestServer:
     return server
 
 
-async def gateway_client(config: GatewayConfig) -> TestClient[web.Request, web.Application]:
-    client = TestClient(TestServer(Gateway(config).app()))
-    await client.start_server()
-    return client
+class GatewayClient:
+    """A gateway served on a free port (its own HTTP server, as in the pod), and a client."""
+
+    def __init__(self, gateway: Gateway, server: HttpServer, port: int) -> None:
+        self.gateway = gateway
+        self.server = server
+        self.url = f"http://127.0.0.1:{port}"
+        self.session = aiohttp.ClientSession()
+
+    async def request(self, method: str, path: str, **kw: Any) -> aiohttp.ClientResponse:
+        return await self.session.request(method, self.url + path, **kw)
+
+    async def get(self, path: str, **kw: Any) -> aiohttp.ClientResponse:
+        return await self.request("GET", path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> aiohttp.ClientResponse:
+        return await self.request("POST", path, **kw)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.server.stop(1.0)
+        await self.gateway.stop()
+
+
+async def gateway_client(config: GatewayConfig) -> GatewayClient:
+    gateway = Gateway(config)
+    await gateway.start()
+    server = gateway.http_server()
+    return GatewayClient(gateway, server, await server.start("127.0.0.1", 0))
 
 
 @pytest.fixture
@@ -165,7 +192,7 @@ class WakeScene:
 
     api: FakeScaleApi
     long_engine: FakeEngine
-    client: TestClient[web.Request, web.Application]
+    client: GatewayClient
     servers: list[TestServer]
 
     @classmethod
@@ -361,8 +388,8 @@ async def test_the_long_context_gateway_marks_the_requests_it_serves(
         await api_server.close()
 
 
-def marker_of(client: TestClient[web.Request, web.Application]) -> Any:
-    marker = client.server.app[GATEWAY_KEY].activity
+def marker_of(client: GatewayClient) -> Any:
+    marker = client.gateway.activity
     assert marker is not None
     return marker
 

@@ -6,8 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
-
-from aiohttp import web
+import signal
 
 from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.server import Gateway
@@ -57,8 +56,25 @@ def run(args: argparse.Namespace) -> int:
         config.service_name, config.model_version or "-", config.pool, config.host, config.port,
         config.engine_url, type(loop).__module__.split(".")[0],
     )
-    web.run_app(
-        gateway.app(), host=config.host, port=config.port, access_log=None, print=None,
-        handler_cancellation=True, shutdown_timeout=SHUTDOWN_TIMEOUT_SECONDS, loop=loop,
-    )
+    try:
+        loop.run_until_complete(serve(gateway, config.host, config.port))
+    finally:
+        loop.close()
     return 0
+
+
+async def serve(gateway: Gateway, host: str, port: int) -> None:
+    """Serve until SIGTERM or SIGINT, then let running requests finish (up to 25 s)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await gateway.start()
+    server = gateway.http_server()
+    try:
+        await server.start(host, port)
+        await stop.wait()
+        logging.getLogger(__name__).info("stopping: finishing %d requests", server.in_flight)
+        await server.stop(SHUTDOWN_TIMEOUT_SECONDS)
+    finally:
+        await gateway.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -21,8 +22,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from aiohttp.http_writer import StreamWriter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from glm_operator.gateway import errors
@@ -30,11 +29,21 @@ from glm_operator.gateway.activity import ActivityMarker, renew_logged
 from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.config import GatewayConfig
 from glm_operator.gateway.errors import GatewayError
+from glm_operator.gateway.http import (
+    HttpServer,
+    Request,
+    Response,
+    Router,
+    Streamed,
+    head_bytes,
+    json_response,
+)
 from glm_operator.gateway.keys import ApiKeyStore
 from glm_operator.gateway.kv_cache import KvCacheProbe
 from glm_operator.gateway.limits import KeyLimits
 from glm_operator.gateway.metrics import GatewayMetrics
 from glm_operator.gateway.relay import (
+    STALE_RETRIES,
     ClientGone,
     EngineAddress,
     EngineConnector,
@@ -56,7 +65,7 @@ STREAM_TAIL_CHUNKS = 4  # the last SSE events (usage / timings) always fit in th
 STREAM_END = b"data: [DONE]"  # the OpenAI stream's last event (llama-server and vLLM)
 SSE = "text/event-stream"
 ANONYMOUS = "anonymous"
-GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+Answer = Response | Streamed
 
 
 class Gateway:
@@ -98,23 +107,21 @@ class Gateway:
         assert self._session is not None, "the gateway is not started"
         return self._session
 
-    def app(self) -> web.Application:
-        # client_max_size: aiohttp refuses larger bodies itself; we turn that into a JSON 413.
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app[GATEWAY_KEY] = self
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/enginez", self.enginez)
-        app.router.add_get("/metrics", self.metrics_endpoint)
-        app.router.add_route("*", "/{tail:.*}", self.not_found)
-        app.on_startup.append(self._start)
-        app.on_cleanup.append(self._stop)
-        return app
+    def http_server(self) -> HttpServer:
+        """The HTTP front (gateway/http.py); a body over max_body_bytes becomes a JSON 413."""
+        router = Router(self.not_found)
+        router.add("POST", "/v1/chat/completions", self.chat_completions)
+        router.add("POST", "/v1/completions", self.completions)
+        for method in ("GET", "HEAD"):
+            router.add(method, "/v1/models", self.models)
+            router.add(method, "/healthz", self.healthz)
+            router.add(method, "/readyz", self.readyz)
+            router.add(method, "/enginez", self.enginez)
+            router.add(method, "/metrics", self.metrics_endpoint)
+        return HttpServer(router, self.config.max_body_bytes)
 
-    async def _start(self, _app: web.Application) -> None:
+    async def start(self) -> None:
+        """Open the engine session and start the background work (warm-up, probes)."""
         timeout = aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_seconds,
                                         sock_read=self.config.read_timeout_seconds)
         # llama-server (cpp-httplib) drops a keep-alive connection after 5 s idle; forget
@@ -152,7 +159,7 @@ class Gateway:
         # The series appears with the first reading: no reading is not "0 % in use".
         self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(usage)
 
-    async def _stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         for task in (self._warmup_task, self._kv_cache_task, self._limits_task,
                      self._activity_task):
             if task is not None:
@@ -224,17 +231,17 @@ class Gateway:
 
     # --- plain endpoints -------------------------------------------------------------------
 
-    async def healthz(self, _request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def healthz(self, _request: Request) -> Answer:
+        return json_response({"status": "ok"})
 
-    async def readyz(self, _request: web.Request) -> web.Response:
+    async def readyz(self, _request: Request) -> Answer:
         if not self.warmed:
-            return web.json_response({"status": "warming up"}, status=503)
+            return json_response({"status": "warming up"}, status=503)
         if not await self._engine_healthy():
-            return web.json_response({"status": "engine not ready"}, status=503)
-        return web.json_response({"status": "ok"})
+            return json_response({"status": "engine not ready"}, status=503)
+        return json_response({"status": "ok"})
 
-    async def enginez(self, _request: web.Request) -> web.Response:
+    async def enginez(self, _request: Request) -> Answer:
         """The engine's /health as seen from inside the pod, for the engine container's probes.
 
         The engine listens on loopback only, so the kubelet cannot reach it: its startup and
@@ -244,21 +251,21 @@ class Gateway:
         """
         status, detail = await self._engine_health()
         if status == 200:
-            return web.json_response({"status": "ok"})
-        return web.json_response({"status": "engine not healthy", "engine_status": status,
-                                  "detail": detail}, status=503)
+            return json_response({"status": "ok"})
+        return json_response({"status": "engine not healthy", "engine_status": status,
+                              "detail": detail}, status=503)
 
-    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+    async def metrics_endpoint(self, _request: Request) -> Answer:
         self._ready_gauge.set(1 if self.warmed else 0)
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(200, generate_latest(self.metrics.registry),
+                        {"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def not_found(self, request: web.Request) -> web.Response:
+    async def not_found(self, request: Request) -> Answer:
         return self._error(GatewayError(404, f"Unknown path {request.method} {request.path}.",
                                         "invalid_request_error", None, "not_found"), "")
 
-    async def models(self, request: web.Request) -> web.Response:
-        rid = request.headers.get("X-Request-Id") or os.urandom(8).hex()
+    async def models(self, request: Request) -> Answer:
+        rid = request.headers.get("x-request-id") or os.urandom(8).hex()
         try:
             self._authenticate(request)
         except GatewayError as err:
@@ -273,26 +280,26 @@ class Gateway:
             "model_version": self.config.model_version,
             "pool": self.config.pool,
         }
-        return web.json_response({"object": "list", "data": [model]})
+        return json_response({"object": "list", "data": [model]})
 
     # --- the proxy -------------------------------------------------------------------------
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: Request) -> Answer:
         return await self._proxy(request, "chat", "/v1/chat/completions")
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> Answer:
         return await self._proxy(request, "completions", "/v1/completions")
 
-    def _error(self, err: GatewayError, rid: str) -> web.Response:
+    def _error(self, err: GatewayError, rid: str) -> Response:
         headers = {"Content-Type": JSON, **err.headers()}
         if rid:
             headers["X-Request-Id"] = rid
-        return web.Response(status=err.status, body=err.body(), headers=headers)
+        return Response(err.status, err.body(), headers)
 
-    def _authenticate(self, request: web.Request) -> str:
+    def _authenticate(self, request: Request) -> str:
         if self.keys is None:
             return ANONYMOUS
-        header = request.headers.get("Authorization", "")
+        header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise errors.unauthorized(
@@ -303,23 +310,18 @@ class Gateway:
             raise errors.unauthorized("Incorrect API key provided.")
         return key_id
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise errors.too_large(limit)
-        try:
-            return await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise errors.too_large(limit) from None
+    def _read_body(self, request: Request) -> bytes:
+        if request.too_large:
+            raise errors.too_large(self.config.max_body_bytes)
+        return request.body
 
     def _set_queued(self) -> None:
         over_slots = max(0, self._at_engine - self.engine_slots) if self.engine_slots else 0
         self._queued.set(over_slots + self._held)
 
-    async def _proxy(self, request: web.Request, endpoint: Endpoint, path: str
-                     ) -> web.StreamResponse:
+    async def _proxy(self, request: Request, endpoint: Endpoint, path: str) -> Answer:
         started = time.perf_counter()
-        rid = request.headers.get("X-Request-Id") or os.urandom(8).hex()
+        rid = request.headers.get("x-request-id") or os.urandom(8).hex()
         record = AuditRecord(request_id=rid, endpoint=endpoint)
         self._in_flight.inc()
         try:
@@ -327,7 +329,7 @@ class Gateway:
                 record.key_id = self._authenticate(request)
                 if self.limits is not None:
                     record.shared_admission = await self.limits.admit(record.key_id)
-                parsed = parse_request(await self._read_body(request), endpoint,
+                parsed = parse_request(self._read_body(request), endpoint,
                                        self.config.stop_sequences)
                 record.stream = parsed.stream
                 record.request_bytes = len(parsed.body)
@@ -341,22 +343,37 @@ class Gateway:
             except GatewayError as err:
                 record.error_code = err.code
                 response = self._error(err, rid)
-            record.status = record.status or response.status  # a stream may have set 499
-            return response
         except asyncio.CancelledError:
+            # The client went away: accounted all the same.
             if record.status != 200:  # 200 here: a stream whose last event was delivered
                 record.status = CLIENT_CLOSED
+            await self._account(record, started)
             raise
-        finally:
-            self._in_flight.dec()
-            elapsed = time.perf_counter() - started
-            record.duration_ms = elapsed * 1000
-            self._observe(record, elapsed)
-            if self.limits is not None and not record.handed_over:
-                charge = self.limits.charge(record.key_id, tokens_to_charge(record))
-                # Shielded when it waits for the store: a client that went away cancels the
-                # request, not its charge.
-                await (asyncio.shield(charge) if self.limits.store is not None else charge)
+        except Exception:
+            record.status, record.error_code = 500, "internal"  # the server answers 500
+            await self._account(record, started)
+            raise
+        if isinstance(response, Streamed):
+            record.status = record.status or 200  # a stream may have set 499
+            await self._account(record, started)
+        else:
+            # Metrics, audit and the key's charge wait until the answer is written: none of
+            # it is the client's time.
+            record.status = record.status or response.status
+            response.after = functools.partial(self._account, record, started)
+        return response
+
+    async def _account(self, record: AuditRecord, started: float) -> None:
+        """A finished request in the metrics, the audit log and its key's token budget."""
+        self._in_flight.dec()
+        elapsed = time.perf_counter() - started
+        record.duration_ms = elapsed * 1000
+        self._observe(record, elapsed)
+        if self.limits is not None and not record.handed_over:
+            charge = self.limits.charge(record.key_id, tokens_to_charge(record))
+            # Shielded when it waits for the store: a client that went away cancels the
+            # request, not its charge.
+            await (asyncio.shield(charge) if self.limits.store is not None else charge)
 
     def _observe(self, record: AuditRecord, elapsed: float) -> None:
         self.metrics.record(record.endpoint, record.status, elapsed, record.stream,
@@ -364,8 +381,8 @@ class Gateway:
                             record.prompt_tokens, record.completion_tokens)
         self.audit.write(record)
 
-    async def _served(self, request: web.Request, parsed: ParsedRequest, path: str,
-                      record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
+    async def _served(self, request: Request, parsed: ParsedRequest, path: str,
+                      record: AuditRecord, started: float, rid: str) -> Answer:
         """A valid request, answered by the engine: in the long-context pool, activity that
         keeps the pool awake while it runs (its Lease is renewed, throttled)."""
         if self.activity is None:
@@ -376,11 +393,13 @@ class Gateway:
         finally:
             self.activity.end()
 
-    async def _forward(self, request: web.Request, parsed: ParsedRequest, path: str,
-                       record: AuditRecord, started: float, rid: str) -> web.StreamResponse:
+    async def _forward(self, request: Request, parsed: ParsedRequest, path: str,
+                       record: AuditRecord, started: float, rid: str) -> Answer:
         """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
-        if (parsed.stream and self._engine is not None
-                and request.version >= aiohttp.HttpVersion11):
+        if self._engine is not None and not parsed.stream:
+            return await self._forward_whole(request, parsed, path, record, started, rid,
+                                             self._engine)
+        if parsed.stream and self._engine is not None and request.http11:
             return await self._forward_stream(request, parsed, path, record, started, rid,
                                               self._engine)
         self._at_engine += 1
@@ -401,9 +420,9 @@ class Gateway:
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 
-    async def _overflow(self, request: web.Request, parsed: ParsedRequest, path: str,
+    async def _overflow(self, request: Request, parsed: ParsedRequest, path: str,
                         record: AuditRecord, started: float, rid: str,
-                        overflow: tuple[int | None, int | None]) -> web.StreamResponse:
+                        overflow: tuple[int | None, int | None]) -> Answer:
         n_prompt, n_ctx = overflow
         n_ctx = n_ctx or self.context_length or None
         outcome = self.metrics.overflow.labels
@@ -433,8 +452,8 @@ class Gateway:
             await self.limits.hand_over(record.key_id)
             record.handed_over = True
         headers = {"Content-Type": JSON, "X-Request-Id": rid}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
+        if "authorization" in request.headers:
+            headers["Authorization"] = request.headers["authorization"]
         try:
             async with await self._post(self.config.long_context_url + path, parsed.body,
                                         headers) as upstream:
@@ -464,19 +483,18 @@ class Gateway:
         raise AssertionError("unreachable")
 
     def _passthrough(self, upstream: aiohttp.ClientResponse, body: bytes, record: AuditRecord,
-                     rid: str) -> web.Response:
+                     rid: str) -> Response:
         return self._answer(upstream.status, upstream.headers.get("Content-Type", JSON), body,
                             record, rid)
 
     def _answer(self, status: int, content_type: str, body: bytes, record: AuditRecord,
-                rid: str) -> web.Response:
+                rid: str) -> Response:
         if status >= 400:
             record.error_code = f"engine_{status}"
-        return web.Response(status=status, body=body,
-                            headers={"Content-Type": content_type, "X-Request-Id": rid})
+        return Response(status, body, {"Content-Type": content_type, "X-Request-Id": rid})
 
     def _whole_answer(self, status: int, content_type: str, body: bytes, record: AuditRecord,
-                      rid: str) -> web.Response:
+                      rid: str) -> Response:
         """An answer read whole: its usage counted, then passed on."""
         if status == 200:
             record.prompt_tokens, record.completion_tokens = token_counts(body)
@@ -484,9 +502,9 @@ class Gateway:
                 record.completion = _completion_text(body)
         return self._answer(status, content_type, body, record, rid)
 
-    async def _relay(self, request: web.Request, upstream: aiohttp.ClientResponse,
+    async def _relay(self, request: Request, upstream: aiohttp.ClientResponse,
                      parsed: ParsedRequest, record: AuditRecord, started: float, rid: str
-                     ) -> web.StreamResponse:
+                     ) -> Answer:
         content_type = upstream.headers.get("Content-Type", JSON)
         if not (parsed.stream and upstream.status == 200
                 and content_type.startswith("text/event-stream")):
@@ -510,9 +528,30 @@ class Gateway:
         except (OSError, EngineProtocolError) as exc:
             raise errors.engine_unavailable(f"{where}: {exc or type(exc).__name__}") from None
 
-    async def _forward_stream(self, request: web.Request, parsed: ParsedRequest, path: str,
+    async def _forward_whole(self, request: Request, parsed: ParsedRequest, path: str,
+                             record: AuditRecord, started: float, rid: str,
+                             engine: EngineConnector) -> Answer:
+        """A whole answer from this pod's engine over a kept-alive connection; on a
+        context-size refusal, to the long-context pool."""
+        self._at_engine += 1
+        self._set_queued()
+        try:
+            with self._relay_errors(f"{self.config.engine_url}{path}"):
+                head, body = await engine.fetch(path, parsed.body)
+        finally:
+            self._at_engine -= 1
+            self._set_queued()
+        overflow = context_overflow(head.status, body)
+        if overflow is None:
+            if head.status == 400:
+                return self._answer(400, head.content_type, body, record, rid)
+            return self._whole_answer(head.status, head.content_type, body, record, rid)
+        record.overflow = True
+        return await self._overflow(request, parsed, path, record, started, rid, overflow)
+
+    async def _forward_stream(self, request: Request, parsed: ParsedRequest, path: str,
                               record: AuditRecord, started: float, rid: str,
-                              engine: EngineConnector) -> web.StreamResponse:
+                              engine: EngineConnector) -> Answer:
         """A streamed request to this pod's engine, relayed at the transport level; on a
         context-size refusal, to the long-context pool like any other."""
         self._at_engine += 1
@@ -538,35 +577,26 @@ class Gateway:
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 
-    async def _relay_stream(self, request: web.Request, exchange: EngineExchange,
+    async def _relay_stream(self, request: Request, exchange: EngineExchange,
                             record: AuditRecord, started: float, rid: str, content_type: str
-                            ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid,
-        })
-        writer = await response.prepare(request)
+                            ) -> Answer:
+        # HTTP/1.1 only (_forward): the head says "Transfer-Encoding: chunked", and the body's
+        # framing is the engine's own, written by the relay.
         transport = request.transport
-        if not isinstance(writer, StreamWriter) or not writer.chunked or transport is None:
-            # HTTP/1.0 clients never get here (_forward); aiohttp chunks any other stream.
-            raise RuntimeError("aiohttp did not prepare a chunked stream")
-        # The head says "Transfer-Encoding: chunked"; the body's framing is the engine's own,
-        # written by the relay, so aiohttp must not frame it again (nor end it: its write_eof
-        # then writes nothing).
-        writer.send_headers()
-        writer.chunked = False
+        transport.write(_stream_head(content_type, rid, chunked=True))
         capture = StreamCapture(
             # the estimate if the client leaves
             count_events=self.limits is not None and self.limits.limits.tokens_per_minute > 0,
             keep_all=self.audit.include_text)
         try:
-            exchange.relay(transport, capture, writer.drain)
+            exchange.relay(transport, capture, request.drain)
             await exchange.done
         except ClientGone:
             self._stream_ended(record, capture, started, complete=False)
             if not capture.delivered:
                 record.error_code = "client_closed"
                 record.status = CLIENT_CLOSED
-            return response
+            return Streamed(complete=False)
         except (OSError, EngineTimeout, EngineProtocolError) as exc:
             # Headers are gone already: end the stream if its framing allows, else drop the
             # client's connection, and say so in the log.
@@ -575,7 +605,7 @@ class Gateway:
             self._stream_ended(record, capture, started, complete=False)
             if not exchange.end_stream_cleanly():
                 transport.close()
-            return response
+            return Streamed(complete=False)
         except asyncio.CancelledError:
             # The client went away (aiohttp cancels the handler): dropping our engine
             # connection makes the engine stop generating and free the slot.
@@ -588,7 +618,7 @@ class Gateway:
         self._stream_ended(record, capture, started, complete=True)
         if capture.keep_all:
             record.completion = _stream_text(b"".join(capture.everything))
-        return response
+        return Streamed(complete=True)
 
     @staticmethod
     def _stream_ended(record: AuditRecord, capture: StreamCapture, started: float,
@@ -604,13 +634,16 @@ class Gateway:
             record.prompt_tokens, record.completion_tokens = token_counts(
                 b"".join(capture.tail))
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse,
+    async def _stream(self, request: Request, upstream: aiohttp.ClientResponse,
                       record: AuditRecord, started: float, rid: str, content_type: str
-                      ) -> web.StreamResponse:
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid,
-        })
-        await response.prepare(request)
+                      ) -> Answer:
+        """A stream read through aiohttp's client (the long-context pool, an engine that is
+        not plain http://, an HTTP/1.0 client), framed here: chunked for HTTP/1.1 clients,
+        ended by closing the connection for HTTP/1.0 ones."""
+        chunked = request.http11
+        transport = request.transport
+        transport.write(_stream_head(content_type, rid, chunked=chunked,
+                                     version=request.version))
         tail: deque[bytes] = deque(maxlen=STREAM_TAIL_CHUNKS)
         everything: list[bytes] | None = [] if self.audit.include_text else None
         # the estimate if the client leaves
@@ -621,7 +654,10 @@ class Gateway:
                 if first:
                     record.ttft_ms = (time.perf_counter() - started) * 1000
                     first = False
-                await response.write(chunk)
+                if transport.is_closing():
+                    raise ConnectionResetError("the client closed")
+                transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                await request.drain()
                 tail.append(chunk)
                 if count_events:
                     record.streamed_events += chunk.count(b"data: ")
@@ -631,7 +667,7 @@ class Gateway:
                     # The client has the whole answer: if it hangs up before the chunked
                     # body's last bytes, that is not a request it gave up on.
                     record.status = 200
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        except ConnectionResetError:
             # The client went away: closing our upstream socket makes the engine stop
             # generating and free the slot.
             upstream.close()
@@ -640,13 +676,15 @@ class Gateway:
                 record.error_code = "client_closed"
             else:
                 record.prompt_tokens, record.completion_tokens = token_counts(b"".join(tail))
-            return response
+            return Streamed(complete=False)
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Headers are gone already; all we can do is end the stream and say so in the log.
             log.warning("request %s: engine stream broke: %s", rid, exc)
             record.error_code = "engine_stream_broken"
             upstream.close()
-            return response
+            if chunked and not transport.is_closing():
+                transport.write(b"0\r\n\r\n")  # chunks are whole here: the framing holds
+            return Streamed(complete=False)
         # llama-server closes its side of a keep-alive connection after a streamed answer;
         # back in the pool, the socket would fail the next request that picks it up.
         upstream.close()
@@ -654,17 +692,25 @@ class Gateway:
         if everything is not None:
             record.completion = _stream_text(b"".join(everything))
         # A client gone after the last event had the whole answer.
-        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
-            await response.write_eof()
-        return response
+        if chunked and not transport.is_closing():
+            transport.write(b"0\r\n\r\n")
+        return Streamed(complete=chunked)
 
 
 ENGINE_KEEPALIVE_SECONDS = 4.0
-# Several pooled connections can have gone stale at once (after a burst of streams).
-STALE_RETRIES = 3
 
 # A prompt's tokens when the engine never said: about four bytes of JSON per token.
 BYTES_PER_TOKEN_ESTIMATE = 4
+
+
+def _stream_head(content_type: str, rid: str, chunked: bool,
+                 version: tuple[int, int] = (1, 1)) -> bytes:
+    headers = {"Content-Type": content_type, "Cache-Control": "no-cache", "X-Request-Id": rid}
+    if chunked:
+        headers["Transfer-Encoding"] = "chunked"
+    else:
+        headers["Connection"] = "close"  # an HTTP/1.0 client reads to the connection's end
+    return head_bytes(200, headers, version)
 
 
 def tokens_to_charge(record: AuditRecord) -> int:
