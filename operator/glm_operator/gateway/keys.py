@@ -71,9 +71,14 @@ def read_keys(path: Path) -> set[str]:
 class ApiKeyStore:
     """Answers "is this key valid, and what is its id" and keeps itself current."""
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic,
+                 check_reloads_after: float = RELOAD_INTERVAL_SECONDS) -> None:
+        """`check_reloads_after`: how stale the keys may be before `check()` looks at the
+        files itself; the gateway keeps them fresh from a background task (`refresh`) so a
+        request never waits on the file system, and sets this higher as a fallback."""
         self._path = path
         self._clock = clock
+        self._check_reloads_after = check_reloads_after
         self._digests: frozenset[str] = frozenset()
         self._signature: Signature | None = None
         self._checked_at = float("-inf")
@@ -83,9 +88,13 @@ class ApiKeyStore:
     def count(self) -> int:
         return len(self._digests)
 
-    def _refresh(self, force: bool = False) -> None:
+    def refresh(self) -> None:
+        """Reload the keys if their files changed (a stat per file when they did not)."""
+        self._refresh(force=True)
+
+    def _refresh(self, force: bool = False, interval: float = RELOAD_INTERVAL_SECONDS) -> None:
         now = self._clock()
-        if not force and now - self._checked_at < RELOAD_INTERVAL_SECONDS:
+        if not force and now - self._checked_at < interval:
             return
         self._checked_at = now
         signature = _signature(self._path)
@@ -105,6 +114,6 @@ class ApiKeyStore:
 
     def check(self, key: str) -> str | None:
         """The key id when `key` is valid now, else None."""
-        self._refresh()
+        self._refresh(interval=self._check_reloads_after)
         hashed = digest(key)
         return hashed[:KEY_ID_LENGTH] if hashed in self._digests else None

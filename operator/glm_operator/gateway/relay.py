@@ -12,7 +12,7 @@ Each streamed request has its own connection with `Connection: close`: the pinne
 llama-server closes a keep-alive connection after every streamed answer anyway
 (docs/performance.md). EngineConnector keeps one connection opened ahead (a spare), so a
 request's bytes leave without waiting for a TCP handshake. Whole (non-streamed) answers go
-over kept-alive connections from a small pool (`EngineConnector.fetch`).
+over kept-alive connections instead (engine_pool.py).
 """
 
 from __future__ import annotations
@@ -37,11 +37,6 @@ DrainFn = Callable[[], Awaitable[None]]  # waits until the client's socket buffe
 # A spare older than this is dropped, not used: llama-server (cpp-httplib) closes a connection
 # that sent no request for 5 s, and a request written into a closing socket would be lost.
 SPARE_MAX_AGE_SECONDS = 3.0
-# The same holds for a kept-alive connection waiting in the pool between two requests.
-POOLED_MAX_IDLE_SECONDS = 3.0
-# Pooled connections the engine may have closed together (after a burst): the request never
-# reached the engine on those, so it is sent again, at most this many times.
-STALE_RETRIES = 3
 
 
 class EngineProtocolError(Exception):
@@ -182,7 +177,6 @@ class EngineExchange(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self.sent = False
         self.lost = False
-        self._keep_alive = False  # the request asked to keep the connection
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
@@ -190,36 +184,17 @@ class EngineExchange(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, yet have its methods.
         self.transport = cast(asyncio.Transport, transport)
 
-    def send(self, path: str, authority: str, body: bytes, keep_alive: bool = False) -> None:
+    def send(self, path: str, authority: str, body: bytes) -> None:
         """Write the request (a POST of JSON); the read timeout counts from here."""
         assert self.transport is not None
         self.sent = True
-        self._keep_alive = keep_alive
         self._last_data = self._loop.time()
         if self._read_timeout:
             self._timer = self._loop.call_later(self._read_timeout, self._check_timeout)
         self.transport.write(
             b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%b\r\n%b"
-            % (path.encode(), authority.encode(), len(body),
-               b"" if keep_alive else b"Connection: close\r\n", body))
-
-    def reusable(self) -> bool:
-        """The answer is complete, and the connection may carry the next request."""
-        if (not self._keep_alive or self.lost or self._until_close or self._relay_to is not None
-                or not self.done.done() or self.done.exception() is not None):
-            return False
-        head = self.head.result()
-        return "close" not in head.headers.get("connection", "").lower()
-
-    def reset(self) -> None:
-        """Ready for the next request on the same connection (after `reusable()`)."""
-        self.head = self._loop.create_future()
-        self.done = self._loop.create_future()
-        self._buffer.clear()
-        self._pieces, self._raw = [], []
-        self._chunked, self._length, self._until_close = None, None, False
-        self.sent = False
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
+            % (path.encode(), authority.encode(), len(body), body))
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self._loop.time()
@@ -450,7 +425,6 @@ class EngineConnector:
         self._spare: EngineExchange | None = None
         self._spare_at = 0.0
         self._opening: asyncio.Task[None] | None = None
-        self._pooled: list[tuple[EngineExchange, float]] = []  # idle kept-alive, newest last
 
     async def _connect(self) -> EngineExchange:
         loop = asyncio.get_running_loop()
@@ -511,47 +485,7 @@ class EngineConnector:
             raise
         return exchange
 
-    async def fetch(self, path: str, body: bytes) -> tuple[EngineHead, bytes]:
-        """POST and read the whole answer, over a kept-alive connection when one is idle."""
-        loop = asyncio.get_running_loop()
-        for _ in range(STALE_RETRIES + 1):
-            exchange = self._take_pooled(loop.time())
-            pooled = exchange is not None
-            if exchange is None:
-                exchange = await self._connect()
-            exchange.send(path, self.address.authority, body, keep_alive=True)
-            head: EngineHead | None = None
-            try:
-                head = await exchange.head
-                answer = await exchange.read_body()
-            except ConnectionResetError:
-                exchange.abort()
-                if pooled and head is None:
-                    continue  # closed by the engine while idle: it never saw the request
-                raise
-            except BaseException:
-                exchange.abort()
-                raise
-            if exchange.reusable():
-                exchange.reset()
-                self._pooled.append((exchange, loop.time()))
-            else:
-                exchange.abort()
-            return head, answer
-        raise ConnectionResetError("the engine closed every kept-alive connection")
-
-    def _take_pooled(self, now: float) -> EngineExchange | None:
-        while self._pooled:
-            exchange, since = self._pooled.pop()
-            if not exchange.lost and now - since <= POOLED_MAX_IDLE_SECONDS:
-                return exchange
-            exchange.abort()
-        return None
-
     def close(self) -> None:
-        for exchange, _ in self._pooled:
-            exchange.abort()
-        self._pooled.clear()
         if self._opening is not None:
             self._opening.cancel()
         if self._spare is not None:

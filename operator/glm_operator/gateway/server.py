@@ -15,7 +15,7 @@ import contextlib
 import functools
 import json
 import logging
-import os
+import random
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -28,6 +28,7 @@ from glm_operator.gateway import errors
 from glm_operator.gateway.activity import ActivityMarker, renew_logged
 from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.config import GatewayConfig
+from glm_operator.gateway.engine_pool import STALE_RETRIES, EnginePool
 from glm_operator.gateway.errors import GatewayError
 from glm_operator.gateway.http import (
     HttpServer,
@@ -43,7 +44,6 @@ from glm_operator.gateway.kv_cache import KvCacheProbe
 from glm_operator.gateway.limits import KeyLimits
 from glm_operator.gateway.metrics import GatewayMetrics
 from glm_operator.gateway.relay import (
-    STALE_RETRIES,
     ClientGone,
     EngineAddress,
     EngineConnector,
@@ -74,10 +74,13 @@ class Gateway:
         self.metrics = GatewayMetrics.create(config.service_name, config.model_version,
                                              config.pool)
         labels = self.metrics.labels
-        self._in_flight = self.metrics.in_flight.labels(**labels)
-        self._queued = self.metrics.queued.labels(**labels)
+        # Read when scraped, not written per request: the hot path only counts.
+        self._in_flight = 0
+        self.metrics.in_flight.labels(**labels).set_function(lambda: self._in_flight)
+        self.metrics.queued.labels(**labels).set_function(self._queued_now)
         self._ready_gauge = self.metrics.ready.labels(**labels)
-        self.keys = ApiKeyStore(config.api_keys_path) if config.api_keys_path else None
+        self.keys = ApiKeyStore(config.api_keys_path, check_reloads_after=KEYS_STALE_SECONDS
+                                ) if config.api_keys_path else None
         self.limits = KeyLimits.from_config(config, self.metrics)
         self.audit = AuditLog(config.audit, {"service": config.service_name,
                                              "model_version": config.model_version,
@@ -93,11 +96,15 @@ class Gateway:
         self._kv_cache_task: asyncio.Task[None] | None = None
         self._limits_task: asyncio.Task[None] | None = None
         self._activity_task: asyncio.Task[None] | None = None
+        self._keys_task: asyncio.Task[None] | None = None
         self._at_engine = 0
         self._held = 0
         # Streamed requests to this pod's engine go through the transport-level relay.
         address = EngineAddress.parse(config.engine_url)
         self._engine = None if address is None else EngineConnector(
+            address, config.connect_timeout_seconds, config.read_timeout_seconds)
+        # Whole answers from it over kept-alive connections.
+        self._engine_pool = None if address is None else EnginePool(
             address, config.connect_timeout_seconds, config.read_timeout_seconds)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -147,6 +154,8 @@ class Gateway:
                 mark_activity=(lambda: renew_logged(lease)) if lease is not None else None,
             )
         self._warmup_task = asyncio.create_task(self._warm_up())
+        if self.keys is not None:
+            self._keys_task = asyncio.create_task(self._refresh_keys(self.keys))
         if self.config.kv_cache_poll_seconds > 0:
             probe = KvCacheProbe(self.config.engine_url, self._session, self._publish_kv_cache,
                                  self.config.kv_cache_poll_seconds,
@@ -155,19 +164,31 @@ class Gateway:
         if self.limits is not None:
             self._limits_task = asyncio.create_task(self.limits.start())
 
+    @staticmethod
+    async def _refresh_keys(keys: ApiKeyStore) -> None:
+        """Key files are looked at here, every second, never while a request waits."""
+        while True:
+            await asyncio.sleep(KEYS_REFRESH_SECONDS)
+            try:
+                keys.refresh()
+            except Exception:  # never let the refresher die: requests would look themselves
+                log.exception("reloading the API keys failed")
+
     def _publish_kv_cache(self, usage: float) -> None:
         # The series appears with the first reading: no reading is not "0 % in use".
         self.metrics.kv_cache_usage.labels(**self.metrics.labels).set(usage)
 
     async def stop(self) -> None:
         for task in (self._warmup_task, self._kv_cache_task, self._limits_task,
-                     self._activity_task):
+                     self._activity_task, self._keys_task):
             if task is not None:
                 task.cancel()
         if self._session is not None:
             await self._session.close()
         if self._engine is not None:
             self._engine.close()
+        if self._engine_pool is not None:
+            self._engine_pool.close()
         self.audit.close()
         if self.limits is not None:
             await self.limits.close()
@@ -265,7 +286,7 @@ class Gateway:
                                         "invalid_request_error", None, "not_found"), "")
 
     async def models(self, request: Request) -> Answer:
-        rid = request.headers.get("x-request-id") or os.urandom(8).hex()
+        rid = request.headers.get("x-request-id") or _request_id()
         try:
             self._authenticate(request)
         except GatewayError as err:
@@ -315,15 +336,17 @@ class Gateway:
             raise errors.too_large(self.config.max_body_bytes)
         return request.body
 
-    def _set_queued(self) -> None:
+    def _queued_now(self) -> float:
+        """Requests waiting: held for the long-context pool's wake, or beyond the engine's
+        slots (the engine queues those itself)."""
         over_slots = max(0, self._at_engine - self.engine_slots) if self.engine_slots else 0
-        self._queued.set(over_slots + self._held)
+        return over_slots + self._held
 
     async def _proxy(self, request: Request, endpoint: Endpoint, path: str) -> Answer:
         started = time.perf_counter()
-        rid = request.headers.get("x-request-id") or os.urandom(8).hex()
+        rid = request.headers.get("x-request-id") or _request_id()
         record = AuditRecord(request_id=rid, endpoint=endpoint)
-        self._in_flight.inc()
+        self._in_flight += 1
         try:
             try:
                 record.key_id = self._authenticate(request)
@@ -365,7 +388,7 @@ class Gateway:
 
     async def _account(self, record: AuditRecord, started: float) -> None:
         """A finished request in the metrics, the audit log and its key's token budget."""
-        self._in_flight.dec()
+        self._in_flight -= 1
         elapsed = time.perf_counter() - started
         record.duration_ms = elapsed * 1000
         self._observe(record, elapsed)
@@ -396,14 +419,13 @@ class Gateway:
     async def _forward(self, request: Request, parsed: ParsedRequest, path: str,
                        record: AuditRecord, started: float, rid: str) -> Answer:
         """Send to this pod's engine; on a context-size refusal, to the long-context pool."""
-        if self._engine is not None and not parsed.stream:
+        if self._engine_pool is not None and not parsed.stream:
             return await self._forward_whole(request, parsed, path, record, started, rid,
-                                             self._engine)
+                                             self._engine_pool)
         if parsed.stream and self._engine is not None and request.http11:
             return await self._forward_stream(request, parsed, path, record, started, rid,
                                               self._engine)
         self._at_engine += 1
-        self._set_queued()
         try:
             async with await self._post(self.config.engine_url + path, parsed.body,
                                         {"Content-Type": JSON}) as upstream:
@@ -416,7 +438,6 @@ class Gateway:
                     return await self._relay(request, upstream, parsed, record, started, rid)
         finally:
             self._at_engine -= 1
-            self._set_queued()
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 
@@ -432,7 +453,6 @@ class Gateway:
             raise errors.prompt_too_long(n_prompt, n_ctx, "the engine refused it")
         if self._waker is not None:
             self._held += 1
-            self._set_queued()
             try:
                 await self._waker.ensure_awake()
             except (WakeError, aiohttp.ClientError, OSError) as exc:
@@ -446,7 +466,6 @@ class Gateway:
                 ) from None
             finally:
                 self._held -= 1
-                self._set_queued()
         if record.shared_admission and self.limits is not None:
             # That pool's gateway counts this request in the same store: count it once.
             await self.limits.hand_over(record.key_id)
@@ -530,17 +549,15 @@ class Gateway:
 
     async def _forward_whole(self, request: Request, parsed: ParsedRequest, path: str,
                              record: AuditRecord, started: float, rid: str,
-                             engine: EngineConnector) -> Answer:
+                             engine: EnginePool) -> Answer:
         """A whole answer from this pod's engine over a kept-alive connection; on a
         context-size refusal, to the long-context pool."""
         self._at_engine += 1
-        self._set_queued()
         try:
             with self._relay_errors(f"{self.config.engine_url}{path}"):
-                head, body = await engine.fetch(path, parsed.body)
+                head, body = await engine.post(path, parsed.body)
         finally:
             self._at_engine -= 1
-            self._set_queued()
         overflow = context_overflow(head.status, body)
         if overflow is None:
             if head.status == 400:
@@ -555,7 +572,6 @@ class Gateway:
         """A streamed request to this pod's engine, relayed at the transport level; on a
         context-size refusal, to the long-context pool like any other."""
         self._at_engine += 1
-        self._set_queued()
         try:
             with self._relay_errors(f"{self.config.engine_url}{path}"):
                 exchange = await engine.open(path, parsed.body)
@@ -573,7 +589,6 @@ class Gateway:
                 return self._whole_answer(head.status, head.content_type, body, record, rid)
         finally:
             self._at_engine -= 1
-            self._set_queued()
         record.overflow = True
         return await self._overflow(request, parsed, path, record, started, rid, overflow)
 
@@ -698,9 +713,16 @@ class Gateway:
 
 
 ENGINE_KEEPALIVE_SECONDS = 4.0
+KEYS_REFRESH_SECONDS = 1.0  # a rotated key works (or stops working) within a second
+KEYS_STALE_SECONDS = 5.0  # the refresher has stalled: a request looks at the files itself
 
 # A prompt's tokens when the engine never said: about four bytes of JSON per token.
 BYTES_PER_TOKEN_ESTIMATE = 4
+
+
+def _request_id() -> str:
+    # A name for the logs, not a secret: no system call for randomness on the hot path.
+    return f"{random.getrandbits(64):016x}"
 
 
 def _stream_head(content_type: str, rid: str, chunked: bool,
