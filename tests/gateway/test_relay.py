@@ -267,3 +267,59 @@ async def test_whole_answers_reuse_one_engine_connection_and_survive_its_closing
     finally:
         await client.close()
         server.close()
+
+
+class SilentEngine(asyncio.Protocol):
+    """Reads requests and never answers; or, with `hang_up`, closes on the first byte."""
+
+    hang_up = False
+    lost = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if type(self).hang_up:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        type(self).lost += 1
+
+
+@pytest.mark.parametrize("hang_up, status, code", [
+    (False, 504, "engine_timeout"), (True, 503, "engine_unavailable")])
+async def test_whole_answer_engine_silent_or_hanging_up(hang_up: bool, status: int,
+                                                        code: str) -> None:
+    loop = asyncio.get_running_loop()
+    SilentEngine.hang_up = hang_up
+    server = await loop.create_server(SilentEngine, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100, read_timeout_seconds=0.3))
+    try:
+        response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status == status
+        assert (await response.json())["error"]["code"] == code
+    finally:
+        await client.close()
+        server.close()
+
+
+async def test_a_client_leaving_a_whole_answer_drops_the_engine_connection() -> None:
+    loop = asyncio.get_running_loop()
+    SilentEngine.hang_up, SilentEngine.lost = False, 0
+    server = await loop.create_server(SilentEngine, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
+                                              context_length=100))
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await client.post("/v1/chat/completions", json=CHAT)
+        await client.session.close()  # the client's connection goes
+        async with asyncio.timeout(5):
+            while not SilentEngine.lost:  # so the engine stops working for nobody
+                await asyncio.sleep(0.02)
+    finally:
+        await client.close()
+        server.close()

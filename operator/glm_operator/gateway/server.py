@@ -1,11 +1,14 @@
-"""The gateway's HTTP server: an OpenAI-compatible front for one engine container.
+"""The gateway: an OpenAI-compatible front for one engine container.
 
-The hot path is deliberately thin because the gateway shares CPU cores with the engine:
-the request body is parsed once for validation and sent on as the client's own bytes (it is
-re-encoded only when the model's stop sequences must be added), a streamed answer is copied
-from the engine's socket to the client's at the transport level, chunk framing and all,
-without being parsed (relay.py), and token counts come from a scan of the last chunks (see
-usage.py). Non-streamed requests share one ClientSession with a pooled, keep-alive connector.
+The hot path is deliberately thin because the gateway shares CPU cores with the engine, and
+after the engine's wait every line of it runs cold: requests come through the gateway's own
+HTTP server (http.py, httptools), the body is parsed once for validation and sent on as the
+client's own bytes (re-encoded only when the model's stop sequences must be added), a whole
+answer comes back over a kept-alive connection (engine_pool.py), a streamed one is copied
+from the engine's socket to the client's at the transport level, chunk framing and all
+(relay.py), token counts come from a scan of the last bytes (usage.py), and metrics, audit
+and the key's charge wait until the answer is written. aiohttp's client serves what is off
+that path: health, warm-up, the KV-cache probe, the long-context pool, the Kubernetes API.
 """
 
 from __future__ import annotations
