@@ -89,10 +89,11 @@ async def test_keep_alive_and_pipelined_requests_answered_in_order(
     writer.write(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
                  b"POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                  b"2\r\ntw\r\n1\r\no\r\n0\r\n\r\n"
-                 b"GET /c?q=1 HTTP/1.1\r\nHost: x\r\n\r\n")
-    answers = [await read_response(reader) for _ in range(3)]
+                 b"GET /c?q=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET http://gw:8080/d?q=2 HTTP/1.1\r\nHost: gw\r\n\r\n")
+    answers = [await read_response(reader) for _ in range(4)]
     assert [(s, h["x-path"], b) for s, h, b in answers] == [
-        (200, "/a", b"one"), (200, "/b", b"two"), (200, "/c", b"")]
+        (200, "/a", b"one"), (200, "/b", b"two"), (200, "/c", b""), (200, "/d", b"")]
     writer.close()
 
 

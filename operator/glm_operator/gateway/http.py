@@ -224,6 +224,11 @@ class HttpConnection(asyncio.Protocol):
         parser = self._parser
         version = parser.get_http_version()
         url = bytes(self._url)
+        if not url.startswith(b"/"):  # absolute form (through a forward proxy) or `*`
+            try:
+                url = httptools.parse_url(url).path or b"/"
+            except httptools.HttpParserInvalidURLError:
+                url = b"/"
         path = url.split(b"?", 1)[0].decode("latin-1")
         self._request = request = Request(
             method=parser.get_method().decode("latin-1"), path=path,
