@@ -23,6 +23,7 @@ from glm_operator.gateway.relay import (
     EngineHead,
     EngineProtocolError,
     EngineTimeout,
+    connect,
 )
 
 POOLED_MAX_IDLE_SECONDS = 3.0
@@ -147,13 +148,8 @@ class EnginePool:
         raise NeverAnswered("the engine closed every kept-alive connection")
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> KeptAliveConnection:
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, connection = await loop.create_connection(
-                    lambda: KeptAliveConnection(loop), self.address.host, self.address.port)
-        except TimeoutError:
-            # Unreachable, not slow: the gateway answers 503, as for a refused connection.
-            raise ConnectionError(f"no connection within {self._connect_timeout:g} s") from None
+        connection = KeptAliveConnection(loop)
+        await connect(self.address, connection, self._connect_timeout)
         return connection
 
     def _take_idle(self, now: float) -> KeptAliveConnection | None:

@@ -413,6 +413,18 @@ class EngineExchange(asyncio.Protocol):
             self.transport.abort()
 
 
+async def connect(address: EngineAddress, protocol: asyncio.Protocol,
+                  timeout: float | None) -> None:
+    """Connect `protocol` to the engine within `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            await loop.create_connection(lambda: protocol, address.host, address.port)
+    except TimeoutError:
+        # Unreachable, not slow: the gateway answers 503, as for a refused connection.
+        raise ConnectionError(f"no connection within {timeout:g} s") from None
+
+
 class EngineConnector:
     """Opens each streamed request's connection to the engine, keeping one opened ahead."""
 
@@ -427,15 +439,8 @@ class EngineConnector:
         self._opening: asyncio.Task[None] | None = None
 
     async def _connect(self) -> EngineExchange:
-        loop = asyncio.get_running_loop()
-        exchange = EngineExchange(loop, self._read_timeout)
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                await loop.create_connection(lambda: exchange, self.address.host,
-                                             self.address.port)
-        except TimeoutError:
-            # Unreachable, not slow: the gateway answers 503, as for a refused connection.
-            raise ConnectionError(f"no connection within {self._connect_timeout:g} s") from None
+        exchange = EngineExchange(asyncio.get_running_loop(), self._read_timeout)
+        await connect(self.address, exchange, self._connect_timeout)
         return exchange
 
     async def _open_spare(self) -> None:
