@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
+from glm_operator.controllers.handling_watch import WATCH, HandlingStuck
 from glm_operator.controllers.scope import NamespaceScope
 from glm_operator.controllers.scope import configure as configure_scope
 from glm_operator.kube.client import KubeClient, kubeconfig_connection
@@ -141,6 +142,14 @@ def _run_kopf(args: argparse.Namespace) -> None:
             # kopf's own login finds only in-cluster credentials, KUBECONFIG (read when the
             # kubernetes package is imported) or ~/.kube/config; never this flag.
             return kubeconfig_connection(args.kubeconfig)
+
+    @kopf.on.probe(id="handling")
+    def _handling(**_: Any) -> str:
+        # Fails the liveness probe when objects wait for a first handler that never comes.
+        try:
+            return WATCH.check()
+        except HandlingStuck as exc:
+            raise kopf.PermanentError(str(exc)) from None
 
     stop_resync = threading.Event()
 

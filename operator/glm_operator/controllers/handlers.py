@@ -34,6 +34,7 @@ from glm_operator.controllers.drift import (
     merge_patch,
     with_intent_hash,
 )
+from glm_operator.controllers.handling_watch import WATCH
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.long_context import ActivityReading
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
@@ -230,11 +231,13 @@ def _replicas_owners(entries: list[Obj]) -> list[Obj]:
 
 @kopf.index(GROUP, VERSION, "glmservices", when=in_scope)
 def glmservices(**kw: Any) -> dict[Key, Cached]:
+    WATCH.indexed(kw["body"])
     return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
 
 @kopf.index(GROUP, VERSION, "modelversions", when=in_scope)
 def modelversions(**kw: Any) -> dict[Key, Cached]:
+    WATCH.indexed(kw["body"])
     return {(kw["namespace"], kw["name"]): _cached(kw["body"])}
 
 
@@ -802,6 +805,7 @@ def _namespace_terminating(exc: KubeError) -> bool:
 @kopf.on.create(GROUP, VERSION, "glmservices", when=in_scope)
 @kopf.on.update(GROUP, VERSION, "glmservices", when=in_scope)
 def glmservice_changed(**kw: Any) -> None:
+    WATCH.handled()
     reconcile_service(kw["namespace"], kw["name"], kw)
 
 
@@ -842,6 +846,7 @@ for _g, _v, _p in SERVICE_CRD_CHILDREN:
 @kopf.on.create(GROUP, VERSION, "modelversions", when=in_scope)
 @kopf.on.update(GROUP, VERSION, "modelversions", when=in_scope)
 def modelversion_changed(**kw: Any) -> None:
+    WATCH.handled()
     reconcile_model_version(kw["namespace"], kw["name"], kw)
 
 
