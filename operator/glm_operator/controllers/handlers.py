@@ -833,11 +833,7 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
 
 def _on_service_child(**kw: Any) -> None:
     owner = kw["labels"].get(SERVICE_LABEL)
-    # Listing events (type None) count too: after a watch broke (an API server or etcd
-    # restart) kopf lists again, and a child that changed meanwhile shows up only there; its
-    # owner's resume handler does not run again. Coalesced, so the first listing costs
-    # little more than the resume handlers' own reconciles.
-    if owner:
+    if owner and kw["type"] is not None:  # None: the initial listing, resume covers it
         reconcile_service(kw["namespace"], owner, kw, coalesce=True)
 
 
@@ -870,6 +866,6 @@ def modelversion_event(**kw: Any) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, when=in_scope)
 def fetch_job_event(**kw: Any) -> None:
     owner = kw["labels"].get(MODEL_VERSION_LABEL)
-    if owner:  # listing events too, as for a service's children
+    if owner and kw["type"] is not None:
         reconcile_model_version(kw["namespace"], owner, kw, coalesce=True)
 
