@@ -296,7 +296,7 @@ def test_api_server_and_etcd_restart_under_the_operator(
         local_cluster.ensure_components(commands)
         wait_for(local_cluster.api_ready, timeout=90, interval=1, what="kube-apiserver ready")
     kubectl.apply([pinned(name, contexts[name]) for name in contexts], namespace=ns)
-    # Up to the 300 s resync backstop: in 2 of 4 CI runs on 2026-11-30 one service of ten
+    # Up to the 300 s resync backstop: in one CI run on 2026-11-30 one service of ten
     # was still not Ready after 180 s (its Deployment ready), cause not found yet; the time
     # taken is printed so a convergence that needed the backstop shows.
     started = time.monotonic()
