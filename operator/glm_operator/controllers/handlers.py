@@ -12,6 +12,7 @@ timer as a backstop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -38,13 +39,15 @@ from glm_operator.controllers.handling_watch import WATCH
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.long_context import ActivityReading
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
+from glm_operator.controllers.relists import Ghost, RelistDetector, Sweeper, WatchedKind
 from glm_operator.controllers.rollout import analysis_window, gates
-from glm_operator.controllers.scope import in_scope
+from glm_operator.controllers.scope import in_scope, list_namespaces
 from glm_operator.controllers.service_state import decide_service, long_context_reading_due
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
 from glm_operator.kube.field_sets import merged_field_sets, without_replicas
+from glm_operator.kube.resources import kind_by_plural, kind_of
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.groups import LEADER_WORKER_SET_CRD
@@ -52,7 +55,13 @@ from glm_operator.render.keda import SCALED_OBJECT_CRD
 from glm_operator.render.long_context import activity_lease_name
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, SERVICE_LABEL, label_value
 from glm_operator.render.service import Capabilities
-from glm_operator.wellknown import GROUP, MANAGED_BY_LABEL, PROMOTE_ANNOTATION, VERSION
+from glm_operator.wellknown import (
+    API_VERSION,
+    GROUP,
+    MANAGED_BY_LABEL,
+    PROMOTE_ANNOTATION,
+    VERSION,
+)
 
 INITIAL_FIELD_MANAGER = "glm-operator-initial-replicas"
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
@@ -655,6 +664,8 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
             if exc.status == 409 and rt.wakeups is not None:
                 rt.wakeups.schedule(key, 1.0)  # someone wrote first; look again at theirs
                 return
+            if exc.status == 404:
+                SWEEPER.request()  # the index showed something the API server has not
             raise _retry_later(key, exc) from exc
         metrics.RECONCILES.labels("GLMService", "ok").inc()
 
@@ -789,6 +800,8 @@ def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, An
                 return  # the fetcher wrote first; its write brings a fresh event
             if _namespace_terminating(exc):
                 return
+            if exc.status == 404:
+                SWEEPER.request()  # the index showed something the API server has not
             raise _retry_later((namespace, f"{MODEL_VERSION_KEY}{name}"), exc) from exc
         metrics.RECONCILES.labels("ModelVersion", "ok").inc()
 
@@ -796,6 +809,79 @@ def _reconcile_model_version(namespace: str, name: str, indexes: Mapping[str, An
 def _namespace_terminating(exc: KubeError) -> bool:
     """Writes into a namespace being deleted are refused; everything in it is going anyway."""
     return exc.status == 403 and "being terminated" in str(exc)
+
+
+# --- objects deleted while a watch was cut off (relists.py) -----------------------------------
+
+
+def _watched_kinds() -> tuple[WatchedKind, ...]:
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    kinds = [WatchedKind(API_VERSION, "GLMService", "", ("glmservices",)),
+             WatchedKind(API_VERSION, "ModelVersion", "", ("modelversions",))]
+    children: dict[tuple[str, str], list[str]] = {}
+    for (group, version, plural), name in [
+            *zip(SERVICE_CRD_CHILDREN, SERVICE_CHILD_INDEXES, strict=True),
+            *zip(MODEL_VERSION_CHILDREN, MODEL_CHILD_INDEXES, strict=True)]:
+        children.setdefault((f"{group}/{version}" if group else version, plural), []).append(name)
+    for (api_version, plural), names in children.items():
+        kind = kind_by_plural(api_version, plural).kind
+        kinds.append(WatchedKind(api_version, kind, selector, tuple(names)))
+    return tuple(kinds)
+
+
+def _live_uids(kind: WatchedKind) -> set[str]:
+    return {uid for namespace in list_namespaces()
+            for uid in runtime().kube.list_uids(kind.api_version, kind.kind, namespace,
+                                                kind.label_selector)}
+
+
+def _identity(entry: Cached) -> tuple[str, str, str]:
+    meta = _thaw(entry).get("metadata", {})
+    return meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+
+
+def _reconcile_owners_of(ghosts: list[Ghost]) -> None:
+    """Owners of dropped children look again: what is missing is created again."""
+    for ghost in ghosts:
+        metrics.INDEX_GHOSTS.labels(kind=ghost.index).inc()
+    RELISTS.forget({ghost.uid for ghost in ghosts})
+    indexes = dict(_latest_indexes)
+    owners = {(g.index in MODEL_CHILD_INDEXES, g.key) for g in ghosts
+              if g.index not in ("glmservices", "modelversions")}
+    for of_model, (namespace, name) in sorted(owners):
+        try:
+            if of_model:
+                reconcile_model_version(namespace, name, indexes, coalesce=True)
+            else:
+                reconcile_service(namespace, name, indexes, coalesce=True)
+        except Exception as exc:  # one owner's failure must not stop the others'
+            log.warning("reconcile of %s/%s after dropping deleted children failed: %s",
+                        namespace, name, exc)
+
+
+WATCHED_KINDS = _watched_kinds()
+RELISTS = RelistDetector()
+SWEEPER = Sweeper(WATCHED_KINDS, _live_uids, _identity, _reconcile_owners_of)
+
+
+def _register_relist_watch(kind: WatchedKind) -> None:
+    group, _, version = kind.api_version.rpartition("/")
+    plural = kind_of(kind.api_version, kind.kind).plural
+
+    async def relist_watch(**kw: Any) -> None:
+        _remember_indexes(kw)
+        SWEEPER.attach(asyncio.get_running_loop(), _latest_indexes)
+        if RELISTS.relisting(plural, kw["type"], kw["uid"]) and SWEEPER.request():
+            log.info("kopf lists %s again (its watch could not resume): looking for objects "
+                     "deleted meanwhile", plural)
+
+    labels = MANAGED if kind.label_selector else None
+    kopf.on.event(group, version, plural, labels=labels, id=f"{plural}-relists",
+                  when=in_scope)(relist_watch)
+
+
+for _kind in WATCHED_KINDS:
+    _register_relist_watch(_kind)
 
 
 # --- triggers -----------------------------------------------------------------------------------
@@ -817,6 +903,10 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
     The GLMService needs none (its children go by ownerReferences).
     """
     while not stop.wait(interval):
+        try:
+            SWEEPER.sweep_from_thread(timeout=interval)
+        except Exception as exc:  # the reconciles below still run on what is indexed
+            log.warning("resync: the sweep for deleted objects failed: %s", exc)
         indexes = dict(_latest_indexes)
         services = indexes.get("glmservices")
         if services is None:
@@ -833,7 +923,11 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
 
 def _on_service_child(**kw: Any) -> None:
     owner = kw["labels"].get(SERVICE_LABEL)
-    if owner and kw["type"] is not None:  # None: the initial listing, resume covers it
+    # Listing events (type None) count too: after a watch broke (an API server or etcd
+    # restart) kopf lists again, and a child that changed meanwhile shows up only there; its
+    # owner's resume handler does not run again. Coalesced, so the first listing costs
+    # little more than the resume handlers' own reconciles.
+    if owner:
         reconcile_service(kw["namespace"], owner, kw, coalesce=True)
 
 
@@ -866,6 +960,6 @@ def modelversion_event(**kw: Any) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, when=in_scope)
 def fetch_job_event(**kw: Any) -> None:
     owner = kw["labels"].get(MODEL_VERSION_LABEL)
-    if owner and kw["type"] is not None:
+    if owner:  # listing events too, as for a service's children
         reconcile_model_version(kw["namespace"], owner, kw, coalesce=True)
 

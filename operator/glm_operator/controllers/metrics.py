@@ -23,6 +23,11 @@ CHILD_DRIFT = Counter(
     "operator renders something else) or LiveChanged (someone else edited a field it sets).",
     ["kind", "reason"],
 )
+INDEX_GHOSTS = Counter(
+    "glm_operator_index_ghosts_dropped_total",
+    "Objects deleted while a watch was cut off (kopf listed their kind again and never saw "
+    "them go), dropped from the operator's cache, by kind.", ["kind"],
+)
 MANAGED_OBJECTS = Gauge(
     "glm_operator_managed_objects", "Objects the operator manages, by kind.", ["kind"]
 )

@@ -75,6 +75,11 @@ def configure(scope: NamespaceScope) -> None:
     _scope = scope
 
 
+def list_namespaces() -> tuple[str | None, ...]:
+    """Where a LIST mirrors the watches: the whole cluster (None), or each exact name."""
+    return (None,) if _scope.cluster_wide_watch else _scope.patterns
+
+
 def in_scope(namespace: str | None = None, **_: Any) -> bool:
     """kopf's `when=` filter on every handler and index."""
     return _scope.contains(namespace)

@@ -76,5 +76,14 @@ def kind_of(api_version: str, kind: str) -> ResourceKind:
         ) from None
 
 
+def kind_by_plural(api_version: str, plural: str) -> ResourceKind:
+    """The kind a watch names by its plural (`apps/v1`, `deployments`)."""
+    for kind in _KINDS:
+        if (kind.api_version, kind.plural) == (api_version, plural):
+            return kind
+    raise KeyError(f"glm-operator does not manage {plural} ({api_version}); add it to "
+                   "kube/resources.py")
+
+
 def kind_for(obj: dict[str, object]) -> ResourceKind:
     return kind_of(str(obj["apiVersion"]), str(obj["kind"]))
