@@ -25,6 +25,7 @@ class Scene:
         self.seen: list[Request] = []
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
+        self.release = asyncio.Event()
 
     async def echo(self, request: Request) -> Response | Streamed:
         self.seen.append(request)
@@ -50,6 +51,12 @@ class Scene:
     async def broken(self, request: Request) -> Response | Streamed:
         raise RuntimeError("a bug")
 
+    async def early(self, request: Request) -> Response | Streamed:
+        """Answers at once, then works on (as the gateway counts usage after the write)."""
+        answered = request.write_now(Response(200, b"early", {"Content-Type": "text/plain"}))
+        await self.release.wait()
+        return answered
+
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Scene, int, HttpServer]]:
@@ -58,6 +65,7 @@ async def served() -> AsyncIterator[tuple[Scene, int, HttpServer]]:
     router.add("GET", "/slow", scene.slow)
     router.add("GET", "/stream", scene.stream)
     router.add("GET", "/broken", scene.broken)
+    router.add("GET", "/early", scene.early)
     server = HttpServer(router, LIMIT)
     port = await server.start("127.0.0.1", 0)
     yield scene, port, server
@@ -94,6 +102,23 @@ async def test_keep_alive_and_pipelined_requests_answered_in_order(
     answers = [await read_response(reader) for _ in range(4)]
     assert [(s, h["x-path"], b) for s, h, b in answers] == [
         (200, "/a", b"one"), (200, "/b", b"two"), (200, "/c", b""), (200, "/d", b"")]
+    writer.close()
+
+
+async def test_an_answer_written_now_goes_out_before_its_handler_ends_and_in_order(
+        served: tuple[Scene, int, HttpServer]) -> None:
+    scene, port, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /early HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+    assert (status, body, headers["content-length"]) == (200, b"early", "5")
+    # The pipelined request waits for the first handler to end, not just for its answer.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 0.2)
+    scene.release.set()
+    status, headers, _ = await asyncio.wait_for(read_response(reader), 5)
+    assert (status, headers["x-path"]) == (200, "/next")
     writer.close()
 
 

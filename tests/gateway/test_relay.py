@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from glm_operator.gateway.relay import ChunkedBody, EngineAddress, EngineProtocolError
+from glm_operator.gateway.engine_pool import EnginePool
+from glm_operator.gateway.relay import (
+    ChunkedBody,
+    EngineAddress,
+    EngineHead,
+    EngineProtocolError,
+)
 
 from .test_server import CHAT, GatewayClient, base_config, gateway_client
 
@@ -266,6 +272,26 @@ async def test_whole_answers_reuse_one_engine_connection_and_survive_its_closing
         assert KeepAliveEngine.connections >= 3
     finally:
         await client.close()
+        server.close()
+
+
+async def test_the_answer_hook_sees_each_answer_once_even_when_it_was_sent_again() -> None:
+    loop = asyncio.get_running_loop()
+    KeepAliveEngine.connections, KeepAliveEngine.close_after_answer = 0, True
+    server = await loop.create_server(KeepAliveEngine, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = EnginePool(EngineAddress("127.0.0.1", port, f"127.0.0.1:{port}"), 5, 5)
+    seen: list[tuple[int, bytes]] = []
+
+    def hook(head: EngineHead, body: bytes) -> None:
+        seen.append((head.status, body))
+
+    try:
+        for n in range(4):  # each pooled connection is closed by the time of the next post
+            head, body = await pool.post("/v1/chat/completions", b"{}", hook)
+            assert seen[-1] == (head.status, body) and len(seen) == n + 1
+    finally:
+        pool.close()
         server.close()
 
 

@@ -14,6 +14,8 @@ back: the engine never saw that request, so it is sent again on another connecti
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -25,6 +27,12 @@ from glm_operator.gateway.relay import (
     EngineTimeout,
     connect,
 )
+
+log = logging.getLogger(__name__)
+
+# Called with the whole answer the moment it is parsed, inside the connection's callback:
+# the gateway writes a good answer to its client from there, before its handler resumes.
+AnswerHook = Callable[[EngineHead, bytes], None]
 
 POOLED_MAX_IDLE_SECONDS = 3.0
 # Pooled connections the engine may have closed together (after a burst of requests).
@@ -45,16 +53,18 @@ class KeptAliveConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._answered_bytes = False
         self._timer: asyncio.TimerHandle | None = None
+        self._on_answer: AnswerHook | None = None
         self.keep_alive = False
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
 
-    def post(self, path: str, authority: str, body: bytes, read_timeout: float | None
-             ) -> asyncio.Future[tuple[EngineHead, bytes]]:
+    def post(self, path: str, authority: str, body: bytes, read_timeout: float | None,
+             on_answer: AnswerHook | None = None) -> asyncio.Future[tuple[EngineHead, bytes]]:
         assert self.transport is not None
         self._answer = answer = self._loop.create_future()
+        self._on_answer = on_answer
         self._headers, self._body, self._answered_bytes = {}, [], False
         if read_timeout:
             self._timer = self._loop.call_later(read_timeout, self._timed_out, read_timeout)
@@ -85,9 +95,16 @@ class KeptAliveConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        on_answer, self._on_answer = self._on_answer, None
         if answer is not None and not answer.done():
-            answer.set_result((EngineHead(self._parser.get_status_code(), self._headers),
-                               b"".join(self._body)))
+            result = (EngineHead(self._parser.get_status_code(), self._headers),
+                      b"".join(self._body))
+            if on_answer is not None:
+                try:
+                    on_answer(*result)
+                except Exception:  # the handler still gets the answer, and answers itself
+                    log.exception("writing the engine's answer from its callback failed")
+            answer.set_result(result)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -122,8 +139,10 @@ class EnginePool:
         self._read_timeout = read_timeout
         self._idle: list[tuple[KeptAliveConnection, float]] = []  # newest last
 
-    async def post(self, path: str, body: bytes) -> tuple[EngineHead, bytes]:
-        """POST JSON and return the whole answer."""
+    async def post(self, path: str, body: bytes, on_answer: AnswerHook | None = None
+                   ) -> tuple[EngineHead, bytes]:
+        """POST JSON and return the whole answer; `on_answer` sees it first, as it is
+        parsed (once: a request sent again after a stale connection is answered once)."""
         loop = asyncio.get_running_loop()
         for _ in range(STALE_RETRIES + 1):
             connection = self._take_idle(loop.time())
@@ -132,7 +151,7 @@ class EnginePool:
                 connection = await self._connect(loop)
             try:
                 head, answer = await connection.post(path, self.address.authority, body,
-                                                     self._read_timeout)
+                                                     self._read_timeout, on_answer)
             except NeverAnswered:
                 if pooled:
                     continue  # closed while idle: the engine never saw the request

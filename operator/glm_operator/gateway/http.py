@@ -50,6 +50,7 @@ class Request:
     connection: HttpConnection
     body: bytes = b""
     too_large: bool = False  # the body passed the limit: not kept, and the connection closes
+    keep_alive: bool = True  # what the client asked (HTTP version and Connection header)
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -61,6 +62,12 @@ class Request:
 
     async def drain(self) -> None:
         await self.connection.drain()
+
+    def write_now(self, response: Response) -> Streamed:
+        """Write a whole answer at once, from a callback that has it (an engine's answer,
+        the moment it is parsed) rather than from the handler's return; the handler then
+        returns what this returns. The handler's turn to write: answers go out in order."""
+        return self.connection.write_now(self, response)
 
 
 @dataclass(slots=True)
@@ -263,6 +270,9 @@ class HttpConnection(asyncio.Protocol):
         if not request.too_large:
             request.body = b"".join(self._body)
         self._body = []
+        # Read now: with pipelining the parser moves on to the next request before this one
+        # is answered.
+        request.keep_alive = self._parser.should_keep_alive()
         self._dispatch(request)
 
     # --- answering -------------------------------------------------------------------------
@@ -297,8 +307,6 @@ class HttpConnection(asyncio.Protocol):
 
     async def _answer(self, request: Request) -> bool:
         """Run the handler, write its answer; whether the connection may serve another."""
-        keep_alive = (self._parser.should_keep_alive() and not request.too_large
-                      and not self._server.stopping)
         self._server.in_flight += 1
         try:
             result = await self._server.router.find(request.method, request.path)(request)
@@ -312,16 +320,8 @@ class HttpConnection(asyncio.Protocol):
         finally:
             self._server.in_flight -= 1
         if isinstance(result, Streamed):
-            return keep_alive and result.complete and request.http11
-        headers = result.headers
-        headers["Content-Length"] = str(len(result.body))
-        if not keep_alive:
-            headers["Connection"] = "close"
-        elif not request.http11:
-            headers["Connection"] = "keep-alive"
-        body = b"" if request.method == "HEAD" else result.body
-        if not self.transport.is_closing():
-            self.transport.write(head_bytes(result.status, headers, request.version) + body)
+            return self._keep_alive(request) and result.complete and request.http11
+        keep_alive = self._write(request, result)
         if result.after is not None:
             self._server.in_flight += 1  # a graceful stop waits for it too
             try:
@@ -332,6 +332,26 @@ class HttpConnection(asyncio.Protocol):
             finally:
                 self._server.in_flight -= 1
         return keep_alive
+
+    def _keep_alive(self, request: Request) -> bool:
+        return request.keep_alive and not request.too_large and not self._server.stopping
+
+    def _write(self, request: Request, response: Response) -> bool:
+        """Write a whole answer with its framing; whether the connection stays open."""
+        keep_alive = self._keep_alive(request)
+        headers = response.headers
+        headers["Content-Length"] = str(len(response.body))
+        if not keep_alive:
+            headers["Connection"] = "close"
+        elif not request.http11:
+            headers["Connection"] = "keep-alive"
+        body = b"" if request.method == "HEAD" else response.body
+        if not self.transport.is_closing():
+            self.transport.write(head_bytes(response.status, headers, request.version) + body)
+        return keep_alive
+
+    def write_now(self, request: Request, response: Response) -> Streamed:
+        return Streamed(complete=self._write(request, response) and request.http11)
 
     def _refuse(self, status: int, message: str) -> None:
         """Bad framing: answer once and close; nothing after it can be parsed."""

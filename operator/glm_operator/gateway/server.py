@@ -51,6 +51,7 @@ from glm_operator.gateway.relay import (
     EngineAddress,
     EngineConnector,
     EngineExchange,
+    EngineHead,
     EngineProtocolError,
     EngineTimeout,
     StreamCapture,
@@ -518,11 +519,14 @@ class Gateway:
     def _whole_answer(self, status: int, content_type: str, body: bytes, record: AuditRecord,
                       rid: str) -> Response:
         """An answer read whole: its usage counted, then passed on."""
+        self._count_usage(status, body, record)
+        return self._answer(status, content_type, body, record, rid)
+
+    def _count_usage(self, status: int, body: bytes, record: AuditRecord) -> None:
         if status == 200:
             record.prompt_tokens, record.completion_tokens = token_counts(body)
             if self.audit.include_text:
                 record.completion = _completion_text(body)
-        return self._answer(status, content_type, body, record, rid)
 
     async def _relay(self, request: Request, upstream: aiohttp.ClientResponse,
                      parsed: ParsedRequest, record: AuditRecord, started: float, rid: str
@@ -554,13 +558,29 @@ class Gateway:
                              record: AuditRecord, started: float, rid: str,
                              engine: EnginePool) -> Answer:
         """A whole answer from this pod's engine over a kept-alive connection; on a
-        context-size refusal, to the long-context pool."""
+        context-size refusal, to the long-context pool.
+
+        A good answer is written to the client from the engine connection's callback, the
+        moment it is parsed: the handler's resumption, usage counting and the rest happen
+        after the client has it (on a cold path they cost about 0.2 ms)."""
+        written: Streamed | None = None
+
+        def write_now(head: EngineHead, body: bytes) -> None:
+            nonlocal written
+            if head.status == 200:
+                written = request.write_now(Response(
+                    200, body, {"Content-Type": head.content_type, "X-Request-Id": rid}))
+
         self._at_engine += 1
         try:
             with self._relay_errors(f"{self.config.engine_url}{path}"):
-                head, body = await engine.post(path, parsed.body)
+                head, body = await engine.post(path, parsed.body,
+                                               write_now if request.http11 else None)
         finally:
             self._at_engine -= 1
+        if written is not None:
+            self._count_usage(head.status, body, record)
+            return written
         overflow = context_overflow(head.status, body)
         if overflow is None:
             if head.status == 400:
