@@ -68,15 +68,17 @@ def test_an_older_operators_create_entry_stays_visible_after_an_autoscaler_took_
 
 
 def test_the_cache_keeps_compact_json_and_hands_out_fresh_copies() -> None:
-    from glm_operator.controllers.handlers import _cached, _namespace_objects, _thaw
+    from glm_operator.controllers.handlers import Cached, _cached, _namespace_objects, _thaw
     body = deployment(APPLY, STATUS)
     entry = _cached(body)
-    assert isinstance(entry, bytes) and _thaw(entry) == _plain(body)
+    assert isinstance(entry.json, bytes) and _thaw(entry) == _plain(body)
+    meta = body["metadata"]
+    assert entry[:3] == (meta.get("namespace", ""), meta["name"], meta.get("uid", ""))
     first, second = _thaw(entry), _thaw(entry)
     first["spec"]["replicas"] = 9
     assert second["spec"]["replicas"] == 2  # a reconcile may change what it was given
 
-    def service(name: str, version: str) -> bytes:
+    def service(name: str, version: str) -> Cached:
         return _cached({"metadata": {"name": name, "namespace": "n"},
                         "spec": {"modelVersion": version}})
     index = {("n", "a"): [service("a", "glm-4")], ("n", "b"): [service("b", "glm-5")],

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import kopf
 
@@ -209,7 +209,14 @@ def _plain(body: Mapping[str, Any]) -> Obj:
     return plain
 
 
-Cached = bytes  # an index entry: the object as compact JSON (see _cached)
+class Cached(NamedTuple):
+    """An index entry: who the object is, readable without parsing (the sweep for deleted
+    objects reads every entry's), and the object itself as compact JSON (see _cached)."""
+
+    namespace: str
+    name: str
+    uid: str
+    json: bytes
 
 
 def _cached(body: Mapping[str, Any]) -> Cached:
@@ -217,11 +224,13 @@ def _cached(body: Mapping[str, Any]) -> Cached:
     Deployment is about 28 KB of Python objects, its JSON 5 KB; the cache holds one copy of
     every GLMService, ModelVersion and child, and a reconcile parses only its own few
     (`_lookup`), each a fresh copy it may change."""
-    return json.dumps(_plain(body), separators=(",", ":")).encode()
+    meta = body.get("metadata") or {}
+    return Cached(meta.get("namespace") or "", meta.get("name") or "", meta.get("uid") or "",
+                  json.dumps(_plain(body), separators=(",", ":")).encode())
 
 
 def _thaw(entry: Cached) -> Obj:
-    thawed: Obj = json.loads(entry)
+    thawed: Obj = json.loads(entry.json)
     return thawed
 
 
@@ -303,7 +312,7 @@ def _namespace_objects(index: kopf.Index[Key, Cached], namespace: str,
     or status refers to): only those are parsed, however many the namespace holds."""
     needle = json.dumps(mentioning).encode()
     return {name: _thaw(entry) for (ns, name), store in index.items()
-            if ns == namespace and store and needle in (entry := next(iter(store)))}
+            if ns == namespace and store and needle in (entry := next(iter(store))).json}
 
 
 # --- the I/O half of a reconcile ----------------------------------------------------------------
@@ -836,8 +845,7 @@ def _live_uids(kind: WatchedKind) -> set[str]:
 
 
 def _identity(entry: Cached) -> tuple[str, str, str]:
-    meta = _thaw(entry).get("metadata", {})
-    return meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", "")
+    return entry.namespace, entry.name, entry.uid
 
 
 def _reconcile_owners_of(ghosts: list[Ghost]) -> None:

@@ -14,8 +14,9 @@ dropped children are reconciled, which creates again what is missing. The resync
 same sweep as a backstop, and so does a write answered 404 (the index said the object was
 there).
 
-The sweep reads and changes kopf's indexes on kopf's event loop (where kopf changes them);
-it reads the API server and parses entries in worker threads.
+The sweep reads and changes kopf's indexes on kopf's event loop (where kopf changes them),
+from each entry's identity alone (no JSON parsed); it reads the API server in a worker
+thread.
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ def find_ghosts(candidates: list[tuple[str, Key, str, str, str]],
 class Sweeper:
     def __init__(self, kinds: tuple[WatchedKind, ...],
                  list_uids: Callable[[WatchedKind], set[str]],
-                 identity: Callable[[bytes], tuple[str, str, str]],
+                 identity: Callable[[Any], tuple[str, str, str]],
                  on_dropped: Callable[[list[Ghost]], None]) -> None:
         self.kinds = kinds
         self._list_uids = list_uids  # blocking: the kind's live uids in the operator's scope
-        self._identity = identity  # an index entry's (namespace, name, uid)
+        self._identity = identity  # an index entry's (namespace, name, uid), without parsing
         self._on_dropped = on_dropped
         self._loop: asyncio.AbstractEventLoop | None = None
         self._indexes: Mapping[str, Any] = {}
@@ -147,13 +148,10 @@ class Sweeper:
         """Drop every index entry whose object the API server no longer has."""
         async with self._running:
             # Taken before the LISTs: an entry they do not show was deleted before them.
-            snapshot = [(name, key, list(store)) for kind in self.kinds
-                        for name in kind.indexes if name in self._indexes
-                        for key, store in self._indexes[name].items()]
-            live, candidates = await asyncio.gather(
-                asyncio.to_thread(self._live_uids),
-                asyncio.to_thread(self._candidates, snapshot))
-            ghosts = find_ghosts(candidates, live)
+            candidates = [(name, key, *self._identity(entry)) for kind in self.kinds
+                          for name in kind.indexes if name in self._indexes
+                          for key, store in self._indexes[name].items() for entry in store]
+            ghosts = find_ghosts(candidates, await asyncio.to_thread(self._live_uids))
             for ghost in ghosts:
                 # kopf's own key for an indexed object (namespace, name, uid); kopf has no
                 # public way to forget an object it never saw deleted.
@@ -174,11 +172,6 @@ class Sweeper:
                 continue
             live.update(dict.fromkeys(kind.indexes, uids))
         return live
-
-    def _candidates(self, snapshot: list[tuple[str, Key, list[bytes]]]
-                    ) -> list[tuple[str, Key, str, str, str]]:
-        return [(index, key, *self._identity(entry))
-                for index, key, entries in snapshot for entry in entries]
 
 
 def _log_failure(task: asyncio.Future[list[Ghost]]) -> None:
