@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from glm_operator.controllers.handlers import (
     _created_by_plain_create,
     _plain,
@@ -85,3 +86,51 @@ def test_the_cache_keeps_compact_json_and_hands_out_fresh_copies() -> None:
              ("m", "c"): [service("c", "glm-4")]}
     found = _namespace_objects(index, "n", mentioning="glm-4")  # type: ignore[arg-type]
     assert list(found) == ["a"] and found["a"]["spec"]["modelVersion"] == "glm-4"
+
+
+@pytest.mark.parametrize("attempts, survives", [(100, True), (1, False)])
+def test_reads_from_worker_threads_survive_kopf_changing_the_index(
+        monkeypatch: pytest.MonkeyPatch, attempts: int, survives: bool) -> None:
+    """Reconciles run in kopf's thread pool and read indexes that kopf's event loop changes
+    meanwhile. With one attempt per copy (a plain iteration), the same reads fail: the
+    control shows the test can see the race."""
+    import sys
+    import threading
+    import time
+
+    from glm_operator.controllers import handlers
+    from kopf._core.engines.indexing import OperatorIndexer
+    monkeypatch.setattr(handlers, "COPY_ATTEMPTS", attempts)
+    indexer = OperatorIndexer()
+    stop = threading.Event()
+
+    def kopf_loop() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = {"metadata": {"namespace": "n", "name": f"svc{n % 20}", "uid": f"u{n}"},
+                    "spec": {"modelVersion": "glm-4"}}
+            indexer.replace(("n", f"svc{n % 20}", f"u{n}"),
+                            {("n", f"svc{n % 20}"): handlers._cached(body)})
+            if n > 30:
+                indexer.discard(("n", f"svc{(n - 30) % 20}", f"u{n - 30}"))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=kopf_loop)
+    thread.start()
+    failures = 0
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                handlers._lookup(indexer.index, ("n", "svc3"))
+                handlers._namespace_objects(indexer.index, "n", mentioning="glm-4")
+                handlers._copied(indexer.index)
+            except RuntimeError:
+                failures += 1
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert (failures == 0) == survives, failures

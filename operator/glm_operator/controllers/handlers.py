@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import kopf
 
@@ -281,11 +281,28 @@ for (_g, _v, _p), _name in zip(MODEL_VERSION_CHILDREN, MODEL_CHILD_INDEXES, stri
     _register_child_index(_g, _v, _p, MODEL_VERSION_LABEL, _name)
 
 
+COPY_ATTEMPTS = 100
+_T = TypeVar("_T")
+
+
+def _copied(source: Iterable[_T]) -> list[_T]:
+    """A copy of a kopf index's keys or of one key's entries, taken in a worker thread while
+    kopf's event loop may be changing them: iterating a dict that another thread resizes
+    fails ("dictionary changed size during iteration"), so the copy is taken again until one
+    goes through (the loop's changes are brief)."""
+    for _ in range(COPY_ATTEMPTS - 1):
+        try:
+            return list(iter(source))
+        except RuntimeError:
+            continue
+    return list(iter(source))
+
+
 def _lookup(index: kopf.Index[Key, Cached] | None, key: Key) -> list[Obj]:
     if index is None:
         return []
     store = index.get(key)
-    return [_thaw(entry) for entry in store] if store is not None else []
+    return [_thaw(entry) for entry in _copied(store)] if store is not None else []
 
 
 def _children(indexes: Mapping[str, Any], names: Iterable[str], key: Key) -> list[Obj]:
@@ -311,8 +328,12 @@ def _namespace_objects(index: kopf.Index[Key, Cached], namespace: str,
     """The namespace's objects whose JSON holds the string `mentioning` (a name their spec
     or status refers to): only those are parsed, however many the namespace holds."""
     needle = json.dumps(mentioning).encode()
-    return {name: _thaw(entry) for (ns, name), store in index.items()
-            if ns == namespace and store and needle in (entry := next(iter(store))).json}
+    found = {}
+    for ns, name in _copied(index):
+        entries = _copied(index.get((ns, name)) or ()) if ns == namespace else []
+        if entries and needle in entries[0].json:
+            found[name] = _thaw(entries[0])
+    return found
 
 
 # --- the I/O half of a reconcile ----------------------------------------------------------------
@@ -919,7 +940,7 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
         services = indexes.get("glmservices")
         if services is None:
             continue
-        keys = list(services.keys())
+        keys = _copied(services)
         forget_optional_children({body["metadata"].get("uid", "") for key in keys
                                   for body in _lookup(services, key)})
         for namespace, name in keys:
