@@ -9,6 +9,7 @@ from typing import Any
 
 from glm_operator.controllers.relists import (
     Ghost,
+    QuietRelistWatch,
     RelistDetector,
     Sweeper,
     WatchedKind,
@@ -136,3 +137,17 @@ def test_requests_fold_into_one_sweep() -> None:
 
     assert asyncio.run(run()) == [True, False, False, False, False]
     assert sweeps == 1
+
+
+def test_the_relist_watch_succeeding_is_not_logged_but_everything_else_is() -> None:
+    import logging
+
+    quiet = QuietRelistWatch()
+
+    def kept(message: str) -> bool:
+        return quiet.filter(logging.LogRecord("kopf.objects", logging.INFO, "", 0, message,
+                                              None, None))
+
+    assert not kept("Handler 'deployments-relists' succeeded.")
+    assert kept("Handler 'deployments-changed' succeeded.")
+    assert kept("Handler 'deployments-relists' failed temporarily: 404")

@@ -21,6 +21,7 @@ from prometheus_client import start_http_server
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import handlers
 from glm_operator.controllers.handling_watch import WATCH, HandlingStuck
+from glm_operator.controllers.relists import QuietRelistWatch
 from glm_operator.controllers.scope import NamespaceScope
 from glm_operator.controllers.scope import configure as configure_scope
 from glm_operator.kube.client import KubeClient, kubeconfig_connection
@@ -113,6 +114,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
         verbose=args.verbose,
         log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
     )
+    logging.getLogger("kopf.objects").addFilter(QuietRelistWatch())
 
 
 def _run_kopf(args: argparse.Namespace) -> None:

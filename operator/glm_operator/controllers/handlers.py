@@ -39,7 +39,13 @@ from glm_operator.controllers.handling_watch import WATCH
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.long_context import ActivityReading
 from glm_operator.controllers.model_version_state import decide_model_version, services_using
-from glm_operator.controllers.relists import Ghost, RelistDetector, Sweeper, WatchedKind
+from glm_operator.controllers.relists import (
+    WATCH_ID_SUFFIX,
+    Ghost,
+    RelistDetector,
+    Sweeper,
+    WatchedKind,
+)
 from glm_operator.controllers.rollout import analysis_window, gates
 from glm_operator.controllers.scope import in_scope, list_namespaces
 from glm_operator.controllers.service_state import decide_service, long_context_reading_due
@@ -869,8 +875,9 @@ def _identity(entry: Cached) -> tuple[str, str, str]:
     return entry.namespace, entry.name, entry.uid
 
 
-def _reconcile_owners_of(ghosts: list[Ghost]) -> None:
-    """Owners of dropped children look again: what is missing is created again."""
+def _ghosts_dropped(ghosts: list[Ghost]) -> None:
+    """Counted and forgotten; the owners of dropped children look again, and what is missing
+    is created again."""
     for ghost in ghosts:
         metrics.INDEX_GHOSTS.labels(kind=ghost.index).inc()
     RELISTS.forget({ghost.uid for ghost in ghosts})
@@ -890,7 +897,7 @@ def _reconcile_owners_of(ghosts: list[Ghost]) -> None:
 
 WATCHED_KINDS = _watched_kinds()
 RELISTS = RelistDetector()
-SWEEPER = Sweeper(WATCHED_KINDS, _live_uids, _identity, _reconcile_owners_of)
+SWEEPER = Sweeper(WATCHED_KINDS, _live_uids, _identity, _ghosts_dropped)
 
 
 def _register_relist_watch(kind: WatchedKind) -> None:
@@ -905,7 +912,7 @@ def _register_relist_watch(kind: WatchedKind) -> None:
                      "deleted meanwhile", plural)
 
     labels = MANAGED if kind.label_selector else None
-    kopf.on.event(group, version, plural, labels=labels, id=f"{plural}-relists",
+    kopf.on.event(group, version, plural, labels=labels, id=f"{plural}{WATCH_ID_SUFFIX}",
                   when=in_scope)(relist_watch)
 
 

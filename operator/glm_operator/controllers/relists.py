@@ -36,6 +36,15 @@ log = logging.getLogger("glm_operator")
 # A burst of 404s or listings (an API server restart relists every kind) asks for one sweep.
 SWEEP_MIN_INTERVAL_SECONDS = 10.0
 Key = tuple[str, str]
+WATCH_ID_SUFFIX = "-relists"  # the kopf id of each kind's relist watch: "<plural>-relists"
+
+
+class QuietRelistWatch(logging.Filter):
+    """Drops kopf's "Handler '<plural>-relists' succeeded." lines: the relist watch runs on
+    every event of every watched kind, and would double the operator's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().endswith(f"{WATCH_ID_SUFFIX}' succeeded.")
 
 
 @dataclass(frozen=True)
