@@ -7,8 +7,8 @@ and never arrives as DELETED, so kopf's index keeps it for the life of the proce
 child hides a missing one, which is then never created again (the resync reads the same
 index), and a ghost GLMService is reconciled as if it still existed.
 
-So a listing event for an object already seen in a listing means its kind is being listed
-again. Every indexed kind is then compared with a consistent LIST of its uids (metadata
+So a listing event for an object the operator has seen before (in any event) means its
+kind is being listed again. Every indexed kind is then compared with a consistent LIST of its uids (metadata
 only): what an index holds that the API server no longer has is dropped, and the owners of
 dropped children are reconciled, which creates again what is missing. The resync runs the
 same sweep as a backstop, and so does a write answered 404 (the index said the object was
