@@ -8,11 +8,11 @@ child hides a missing one, which is then never created again (the resync reads t
 index), and a ghost GLMService is reconciled as if it still existed.
 
 So a listing event for an object the operator has seen before (in any event) means its
-kind is being listed again. Every indexed kind is then compared with a consistent LIST of its uids (metadata
-only): what an index holds that the API server no longer has is dropped, and the owners of
-dropped children are reconciled, which creates again what is missing. The resync runs the
-same sweep as a backstop, and so does a write answered 404 (the index said the object was
-there).
+kind is being listed again. Every indexed kind is then compared with a consistent LIST of
+its uids (metadata only): what an index holds that the API server no longer has is
+dropped, and the owners of dropped children are reconciled, which creates again what is
+missing. The resync runs the same sweep as a backstop, and so does a write answered 404
+(the index said the object was there).
 
 The sweep reads and changes kopf's indexes on kopf's event loop (where kopf changes them),
 from each entry's identity alone (no JSON parsed); it reads the API server in a worker
