@@ -900,16 +900,38 @@ RELISTS = RelistDetector()
 SWEEPER = Sweeper(WATCHED_KINDS, _live_uids, _identity, _ghosts_dropped)
 
 
+def _reconcile_relisted_owner(reconcile: Callable[..., None], namespace: str,
+                              owner: str) -> None:
+    try:
+        reconcile(namespace, owner, dict(_latest_indexes), coalesce=True)
+    except Exception as exc:  # the next event or the resync looks again
+        log.warning("reconcile of %s/%s after a listing failed: %s", namespace, owner, exc)
+
+
 def _register_relist_watch(kind: WatchedKind) -> None:
     group, _, version = kind.api_version.rpartition("/")
     plural = kind_of(kind.api_version, kind.kind).plural
+    # A child listed again may have changed in the gap (a Deployment turned ready): its
+    # owner looks again. The first listing is left to the owners' resume handlers.
+    owners: list[tuple[str, Callable[..., None]]] = []
+    if any(name in SERVICE_CHILD_INDEXES for name in kind.indexes):
+        owners.append((SERVICE_LABEL, reconcile_service))
+    if any(name in MODEL_CHILD_INDEXES for name in kind.indexes):
+        owners.append((MODEL_VERSION_LABEL, reconcile_model_version))
 
     async def relist_watch(**kw: Any) -> None:
         _remember_indexes(kw)
-        SWEEPER.attach(asyncio.get_running_loop(), _latest_indexes)
-        if RELISTS.relisting(plural, kw["type"], kw["uid"]) and SWEEPER.request():
+        loop = asyncio.get_running_loop()
+        SWEEPER.attach(loop, _latest_indexes)
+        if not RELISTS.relisting(plural, kw["type"], kw["uid"]):
+            return
+        if SWEEPER.request():
             log.info("kopf lists %s again (its watch could not resume): looking for objects "
                      "deleted meanwhile", plural)
+        for label, reconcile in owners:
+            if owner := kw["labels"].get(label):
+                loop.run_in_executor(None, _reconcile_relisted_owner, reconcile,
+                                     kw["namespace"], owner)
 
     labels = MANAGED if kind.label_selector else None
     kopf.on.event(group, version, plural, labels=labels, id=f"{plural}{WATCH_ID_SUFFIX}",
@@ -959,11 +981,9 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
 
 def _on_service_child(**kw: Any) -> None:
     owner = kw["labels"].get(SERVICE_LABEL)
-    # Listing events (type None) count too: after a watch broke (an API server or etcd
-    # restart) kopf lists again, and a child that changed meanwhile shows up only there; its
-    # owner's resume handler does not run again. Coalesced, so the first listing costs
-    # little more than the resume handlers' own reconciles.
-    if owner:
+    # Listing events (type None): the first listing is the owners' resume handlers' to
+    # cover, a later one the relist watch's (above).
+    if owner and kw["type"] is not None:
         reconcile_service(kw["namespace"], owner, kw, coalesce=True)
 
 
@@ -996,6 +1016,6 @@ def modelversion_event(**kw: Any) -> None:
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, when=in_scope)
 def fetch_job_event(**kw: Any) -> None:
     owner = kw["labels"].get(MODEL_VERSION_LABEL)
-    if owner:  # listing events too, as for a service's children
+    if owner and kw["type"] is not None:  # listing events: as for a service's children
         reconcile_model_version(kw["namespace"], owner, kw, coalesce=True)
 
