@@ -875,37 +875,32 @@ def _identity(entry: Cached) -> tuple[str, str, str]:
     return entry.namespace, entry.name, entry.uid
 
 
+def _reconcile_owner(reconcile: Callable[..., None], namespace: str, name: str,
+                     why: str) -> None:
+    """An owner looks again after something its children did that no event said; a
+    failure is logged (the next event or the resync looks again), never raised."""
+    try:
+        reconcile(namespace, name, dict(_latest_indexes), coalesce=True)
+    except Exception as exc:
+        log.warning("reconcile of %s/%s after %s failed: %s", namespace, name, why, exc)
+
+
 def _ghosts_dropped(ghosts: list[Ghost]) -> None:
     """Counted and forgotten; the owners of dropped children look again, and what is missing
     is created again."""
     for ghost in ghosts:
         metrics.INDEX_GHOSTS.labels(kind=ghost.index).inc()
     RELISTS.forget({ghost.uid for ghost in ghosts})
-    indexes = dict(_latest_indexes)
     owners = {(g.index in MODEL_CHILD_INDEXES, g.key) for g in ghosts
               if g.index not in ("glmservices", "modelversions")}
     for of_model, (namespace, name) in sorted(owners):
-        try:
-            if of_model:
-                reconcile_model_version(namespace, name, indexes, coalesce=True)
-            else:
-                reconcile_service(namespace, name, indexes, coalesce=True)
-        except Exception as exc:  # one owner's failure must not stop the others'
-            log.warning("reconcile of %s/%s after dropping deleted children failed: %s",
-                        namespace, name, exc)
+        _reconcile_owner(reconcile_model_version if of_model else reconcile_service,
+                         namespace, name, "dropping deleted children")
 
 
 WATCHED_KINDS = _watched_kinds()
 RELISTS = RelistDetector()
 SWEEPER = Sweeper(WATCHED_KINDS, _live_uids, _identity, _ghosts_dropped)
-
-
-def _reconcile_relisted_owner(reconcile: Callable[..., None], namespace: str,
-                              owner: str) -> None:
-    try:
-        reconcile(namespace, owner, dict(_latest_indexes), coalesce=True)
-    except Exception as exc:  # the next event or the resync looks again
-        log.warning("reconcile of %s/%s after a listing failed: %s", namespace, owner, exc)
 
 
 def _register_relist_watch(kind: WatchedKind) -> None:
@@ -930,8 +925,8 @@ def _register_relist_watch(kind: WatchedKind) -> None:
                      "deleted meanwhile", plural)
         for label, reconcile in owners:
             if owner := kw["labels"].get(label):
-                loop.run_in_executor(None, _reconcile_relisted_owner, reconcile,
-                                     kw["namespace"], owner)
+                loop.run_in_executor(None, _reconcile_owner, reconcile, kw["namespace"],
+                                     owner, "a listing")
 
     labels = MANAGED if kind.label_selector else None
     kopf.on.event(group, version, plural, labels=labels, id=f"{plural}{WATCH_ID_SUFFIX}",
@@ -970,8 +965,8 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
         if services is None:
             continue
         keys = _copied(services)
-        forget_optional_children({body["metadata"].get("uid", "") for key in keys
-                                  for body in _lookup(services, key)})
+        forget_optional_children({entry.uid for key in keys
+                                  for entry in _copied(services.get(key) or ())})
         for namespace, name in keys:
             try:
                 reconcile_service(namespace, name, indexes, coalesce=True)
