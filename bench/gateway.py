@@ -49,8 +49,9 @@ import aiohttp
 import pytest
 
 from e2e.gateway_process import GatewayProcess
-from e2e.llama import LlamaServer, free_port, http_json, llama_server_binary
+from e2e.llama import LlamaServer, http_json, llama_server_binary
 from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.ports import free_port
 
 TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.97}
 TARGET_ADDED_MS = {"non-streaming": 0.5, "streaming": 1.0}

@@ -31,9 +31,10 @@ import yaml
 
 from e2e import cluster, demo_canary, toolchain
 from e2e.kubectl import Kubectl, wait_for
-from e2e.llama import LlamaServer, free_port, http_json
+from e2e.llama import LlamaServer, http_json
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.operator_fixtures import CRDS, OperatorProcess
+from e2e.ports import free_port
 
 NAMESPACE = "glm-demo"
 MODEL_VERSION = "tiny-llama-f32"

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from e2e.llama import free_port, http_json
+from e2e.llama import http_json
+from e2e.ports import free_port
 
 
 class GatewayProcess:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from e2e import toolchain
+from e2e.ports import free_port
 
 COMPONENT = "llama_cpp_python"
 
@@ -36,13 +36,6 @@ class LlamaServerError(RuntimeError):
 def llama_server_binary() -> Path:
     """The pinned llama-server, built on first use (several minutes) and cached."""
     return toolchain.ensure(COMPONENT) / "llama-server"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _with_host_and_port(argv: Sequence[str], port: int) -> list[str]:

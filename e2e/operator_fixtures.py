@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,15 +24,10 @@ import pytest
 import yaml
 
 from e2e.kubectl import Kubectl, wait_for
+from e2e.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CRDS = sorted((REPO / "crds").glob("*.yaml"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,7 @@ import pytest
 import yaml
 
 from e2e.conftest import in_ci
-from e2e.operator_fixtures import free_port
+from e2e.ports import free_port
 
 PROMETHEUS_BINARY = Path(os.environ.get("GLM_E2E_PROMETHEUS", "/usr/bin/prometheus"))
 SCRAPE_JOB = "gateway"

@@ -36,7 +36,7 @@ from types import TracebackType
 import pytest
 
 from e2e.conftest import in_ci
-from e2e.operator_fixtures import free_port
+from e2e.ports import free_port
 
 REDIS_BINARY = Path(os.environ.get("GLM_E2E_REDIS", "/usr/bin/redis-server"))
 START_TIMEOUT = 20.0

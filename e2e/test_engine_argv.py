@@ -15,7 +15,7 @@ import pytest
 from glm_operator.planning.planner import Plan
 from glm_operator.render.engine_args import llamacpp_argv
 
-from e2e.llama import free_port, http_json
+from e2e.llama import http_json
 from e2e.llama_fixtures import (
     CpuCase,
     LoadReport,
@@ -29,6 +29,7 @@ from e2e.llama_fixtures import (
     start_rendered,
 )
 from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.ports import free_port
 
 pytestmark = pytest.mark.llama
 

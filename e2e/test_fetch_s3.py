@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -29,6 +28,7 @@ from e2e.fetch_helpers import (
     write_safetensors_model,
     write_served_gguf,
 )
+from e2e.ports import free_port
 
 ROOT_USER, ROOT_PASSWORD = "glm-e2e-admin", "glm-e2e-secret-key"
 BUCKET = "models"
@@ -49,13 +49,6 @@ class MinIO:
                             aws_secret_access_key=ROOT_PASSWORD, region_name="us-east-1")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinIO]:
     try:
@@ -66,7 +59,7 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinIO]:
             pytest.fail(message)
         pytest.skip(message)
     data = tmp_path_factory.mktemp("minio-data")
-    port, console = _free_port(), _free_port()
+    port, console = free_port(), free_port()
     log_path = data.parent / "minio.log"
     env = {**os.environ, "MINIO_ROOT_USER": ROOT_USER, "MINIO_ROOT_PASSWORD": ROOT_PASSWORD,
            "MINIO_BROWSER": "off", "MINIO_UPDATE": "off"}

@@ -365,7 +365,7 @@ NON_STREAMING_NOTICE_SECONDS = 2.5
 
 
 def test_engine_down_is_503_not_a_hang(tmp_path: Path) -> None:
-    from e2e.llama import free_port
+    from e2e.ports import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     with GatewayProcess.start(dead, tmp_path, ["--connect-timeout", "1"],

@@ -26,8 +26,9 @@ import pytest
 
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl
-from e2e.llama import LlamaServer, free_port, llama_server_binary
+from e2e.llama import LlamaServer, llama_server_binary
 from e2e.models import TinyLlamaSpec, prompt_of_tokens, write_tiny_llama
+from e2e.ports import free_port
 from e2e.test_gateway import metric_value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.llama]

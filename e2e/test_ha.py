@@ -26,7 +26,8 @@ import pytest
 
 from e2e import cluster as local_cluster
 from e2e.kubectl import Kubectl
-from e2e.operator_fixtures import REPO, OperatorProcess, free_port, glm_crds
+from e2e.operator_fixtures import REPO, OperatorProcess, glm_crds
+from e2e.ports import free_port
 from e2e.test_operator import CPU_MV, CPU_SVC, condition, deploy_model, wait_ready
 
 __all__ = ["glm_crds"]  # fixture used by name

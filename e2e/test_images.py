@@ -43,7 +43,8 @@ from e2e import images
 from e2e.conftest import in_ci
 from e2e.kubectl import Kubectl, wait_for
 from e2e.models import TinyLlamaSpec, write_tiny_llama
-from e2e.operator_fixtures import free_port, glm_crds  # noqa: F401 (fixture)
+from e2e.operator_fixtures import glm_crds  # noqa: F401 (fixture)
+from e2e.ports import free_port
 
 # The llama.cpp image carries the toolchain's llama-server. A cold run builds three images first
 # (about 7 minutes on a busy two-core machine): more than the suite's 900 s default must fit.

@@ -35,9 +35,10 @@ import pytest
 
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl
-from e2e.llama import LlamaServer, free_port, llama_server_binary
+from e2e.llama import LlamaServer, llama_server_binary
 from e2e.models import TinyLlamaSpec, prompt_of_tokens, write_tiny_llama
 from e2e.operator_fixtures import OperatorProcess, glm_crds
+from e2e.ports import free_port
 from e2e.test_gateway_wake import api_server_and_ca
 from e2e.test_operator import CPU_MV, CPU_SVC, deploy_model, glms, wait_ready
 

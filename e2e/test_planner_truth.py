@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from e2e.llama import free_port
 from e2e.llama_fixtures import (
     CpuCase,
     LoadReport,
@@ -33,6 +32,7 @@ from e2e.llama_fixtures import (
     start_rendered,
 )
 from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.ports import free_port
 
 pytestmark = pytest.mark.llama
 

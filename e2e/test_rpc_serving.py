@@ -37,7 +37,7 @@ from glm_operator.render.engine_args import (
     rpc_server_argv,
 )
 
-from e2e.llama import free_port, http_json
+from e2e.llama import http_json
 from e2e.llama_fixtures import (
     MiB,
     facts_of,
@@ -45,6 +45,7 @@ from e2e.llama_fixtures import (
     start_rendered,
 )
 from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.ports import free_port
 
 pytestmark = pytest.mark.llama
 

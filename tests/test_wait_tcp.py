@@ -10,12 +10,7 @@ import time
 import pytest
 from glm_operator.wait_tcp import parse_address, wait_all
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from e2e.ports import free_port
 
 
 def test_returns_once_every_address_listens_even_if_one_starts_late() -> None:
