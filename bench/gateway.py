@@ -3,6 +3,7 @@
     python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
                             [--event-loops auto|uvloop,asyncio] [--baseline REF[,REF]]
                             [--router auto|off] [--engine llama|paced]
+                            [--engine-hops socket|tcp|socket,tcp]
                             [--token-gap-ms 2] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
@@ -13,6 +14,12 @@ router, `pip install -e '.[bench]'`; no keys, limits or audit) as the reference 
 each mode (non-streaming, streaming) and concurrency level the load runs alternately direct
 and through each path (`rounds` times each, so a drift in machine load hits all alike).
 Every request asks for exactly `tokens` generated tokens (`ignore_eos`).
+
+The engine listens on TCP and on an abstract Unix socket, as the rendered llama.cpp pods do;
+each gateway sends answers over the socket (`--engine-socket`, as rendered), and with
+`--engine-hops socket,tcp` one more gateway per event loop over TCP ("<loop> tcp") measures
+what the socket saves. Direct load, vllm-router and `--baseline` gateways whose code has no
+`--engine-socket` go over TCP.
 
 `--engine paced` puts bench/paced_engine.py in llama-server's place: a chunk every
 `--token-gap-ms` at almost no CPU. On two shared cores the real engine computes on the cores
@@ -47,6 +54,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from glm_operator.render.engine_args import ENGINE_SOCKET
 
 from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, http_json, llama_server_binary
@@ -139,7 +147,8 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
                   engine_threads: int = 1, work_dir: Path | None = None,
                   event_loops: tuple[str, ...] = ("auto",), baselines: tuple[str, ...] = (),
                   router: bool = True, engine_kind: str = "llama",
-                  token_gap_ms: float = 2.0) -> dict[str, object]:
+                  token_gap_ms: float = 2.0,
+                  engine_hops: tuple[str, ...] = ("socket",)) -> dict[str, object]:
     """One gateway per event loop in `event_loops` (and one per git revision in `baselines`
     running that revision's code, and
     vllm-router when installed and `router`), all in front of the same engine and measured in
@@ -155,20 +164,28 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
     rows: list[Row] = []
     with contextlib.ExitStack() as stack:
         if engine_kind == "paced":
-            engine_url = stack.enter_context(_paced_engine(token_gap_ms, max_level, work))
+            engine_url, socket = stack.enter_context(
+                _paced_engine(token_gap_ms, max_level, work))
         else:
-            engine_url = stack.enter_context(LlamaServer.start(
+            llama = stack.enter_context(LlamaServer.start(
                 [str(binary), "-m", str(model), "-c", str(per_slot * max_level), "-np",
-                 str(max_level), "-t", str(engine_threads), "--metrics"], work)).url
+                 str(max_level), "-t", str(engine_threads), "--metrics",
+                 "--host", f"127.0.0.1,{ENGINE_SOCKET}"], work))
+            engine_url, socket = llama.url, llama.sockets[0]
         gateway_args = ["--api-keys", str(keys), "--engine-slots", str(max_level)]
-        gateways = {loop: stack.enter_context(GatewayProcess.start(
-            engine_url, work / loop, [*gateway_args, "--event-loop", loop],
-            service_name="bench")) for loop in event_loops}
+        # Through the environment: a baseline whose code has no --engine-socket ignores it.
+        hop_env = {"socket": {"GLM_GATEWAY_ENGINE_SOCKET": socket}, "tcp": {}}
+        gateways = {
+            loop if hop == "socket" else f"{loop} tcp": stack.enter_context(
+                GatewayProcess.start(engine_url, work / f"{loop}-{hop}",
+                                     [*gateway_args, "--event-loop", loop],
+                                     service_name="bench", env=hop_env[hop]))
+            for loop in event_loops for hop in engine_hops}
         for ref in baselines:
             source = _export_operator(ref, work / "baseline" / ref)
             gateways[f"baseline {ref}"] = stack.enter_context(GatewayProcess.start(
                 engine_url, work / "baseline" / ref, gateway_args, service_name="bench",
-                env={"PYTHONPATH": str(source)}))
+                env={"PYTHONPATH": str(source), **hop_env[engine_hops[0]]}))
         paths: dict[str, tuple[str, Callable[[], float]]] = {
             name: (gateway.url, gateway.cpu_seconds) for name, gateway in gateways.items()}
         router_binary = shutil.which(ROUTER, path=f"{Path(sys.executable).parent}:"
@@ -212,6 +229,7 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
     print(f"gateway peak RSS {rss_mib:.1f} MiB", flush=True)
     return {"tokens": tokens, "rounds": rounds, "engine_threads": engine_threads,
             "engine": engine_kind if engine_kind == "llama" else f"paced {token_gap_ms:g} ms",
+            "engine_hops": list(engine_hops),
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
             "rows": [asdict(r) for r in rows], "gateway_peak_rss_mib": round(rss_mib, 1)}
 
@@ -232,19 +250,20 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, what: str, log_nam
 
 
 @contextlib.contextmanager
-def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[str]:
-    """bench/paced_engine.py in its own process; yields its URL."""
+def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[tuple[str, str]]:
+    """bench/paced_engine.py in its own process; yields its URL and its Unix socket."""
     port = free_port()
+    socket = f"{ENGINE_SOCKET.removesuffix('.sock')}-{port}.sock"
     log = (work / "paced-engine.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.paced_engine", "--port", str(port),
+        [sys.executable, "-m", "bench.paced_engine", "--port", str(port), "--unix", socket,
          "--token-gap-ms", f"{token_gap_ms:g}", "--slots", str(slots)],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         cwd=Path(__file__).resolve().parent.parent)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(process, url, "paced engine", log.name, 30)
-        yield url
+        yield url, socket
     finally:
         process.terminate()
         process.wait(10)
@@ -304,8 +323,9 @@ def misses(result: dict[str, object]) -> list[str]:
     """The targets a result misses, in words."""
     out = []
     for row in result["rows"]:  # type: ignore[attr-defined]
-        if row["path"] == ROUTER or row["path"].startswith("baseline"):
-            continue  # reference columns, not the gateway under test
+        if (row["path"] == ROUTER or row["path"].startswith("baseline")
+                or row["path"].endswith(" tcp")):
+            continue  # reference columns, not the gateway as pods run it
         where = f"{row['mode']} c={row['concurrency']} ({row['path']})"
         if row["ratio"] < TARGET_RATIO[row["mode"]]:
             out.append(f"{where}: ratio {row['ratio']} < {TARGET_RATIO[row['mode']]}")
@@ -346,14 +366,21 @@ def main(argv: list[str] | None = None) -> int:
                              "bench/paced_engine.py, a chunk every --token-gap-ms at almost "
                              "no CPU, so a path's own cost is not hidden by the engine's")
     parser.add_argument("--token-gap-ms", type=float, default=2.0)
+    parser.add_argument("--engine-hops", default="socket",
+                        help="socket: gateways send answers over the engine's Unix socket, as "
+                             "rendered pods do; socket,tcp: also one gateway per event loop "
+                             "over TCP, to measure the difference")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if not set(args.engine_hops.split(",")) <= {"socket", "tcp"}:
+        parser.error(f"--engine-hops takes socket and tcp, got {args.engine_hops!r}")
     result = run_benchmark(tuple(int(x) for x in args.levels.split(",")), args.tokens,
                            args.rounds, args.engine_threads,
                            event_loops=tuple(args.event_loops.split(",")),
                            baselines=tuple(filter(None, args.baseline.split(","))),
                            router=args.router == "auto", engine_kind=args.engine,
-                           token_gap_ms=args.token_gap_ms)
+                           token_gap_ms=args.token_gap_ms,
+                           engine_hops=tuple(args.engine_hops.split(",")))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)

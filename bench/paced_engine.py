@@ -1,7 +1,7 @@
 """An engine stand-in for measuring a proxy's own cost: answers like llama-server, at a fixed
 pace, spending almost no CPU.
 
-    python -m bench.paced_engine --port P [--token-gap-ms 2] [--slots 32]
+    python -m bench.paced_engine --port P [--unix @NAME|PATH] [--token-gap-ms 2] [--slots 32]
 
 On a two-core machine the real llama-server computes on the same cores as the proxy and the
 load generator, so a proxy's every microsecond of CPU also slows the engine, and a time to
@@ -13,14 +13,17 @@ packet as llama-server sends them, so what a path adds over direct is the path a
 Shapes follow the pinned llama-server: a streamed answer is chunked `text/event-stream` whose
 last event carries `usage` and `timings`, then `data: [DONE]`, and the connection closes after
 it; a whole answer is JSON with `usage`. `/health`, `/props`, `/slots`, `/metrics` and
-`/v1/models` answer what the gateway reads at start-up and while idle.
+`/v1/models` answer what the gateway reads at start-up and while idle. With `--unix` it also
+listens on a Unix socket, as the rendered llama-server does (`--host 127.0.0.1,@name.sock`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import socket
 import time
 from typing import Any
 
@@ -128,11 +131,17 @@ class PacedEngine(asyncio.Protocol):
         transport.close()
 
 
-async def serve(port: int, gap: float, slots: int, context: int) -> None:
+async def serve(port: int, gap: float, slots: int, context: int, unix: str | None) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: PacedEngine(gap, slots, context),
                                       "127.0.0.1", port)
-    async with server:
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(server)
+        if unix is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind("\0" + unix[1:] if unix.startswith("@") else unix)
+            await stack.enter_async_context(await loop.create_unix_server(
+                lambda: PacedEngine(gap, slots, context), sock=sock))
         await server.serve_forever()
 
 
@@ -140,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.paced_engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--unix", help="also listen on this Unix socket (@name: abstract)")
     parser.add_argument("--token-gap-ms", type=float, default=2.0)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--context", type=int, default=8192)
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.port, args.token_gap_ms / 1000, args.slots, args.context))
+    asyncio.run(serve(args.port, args.token_gap_ms / 1000, args.slots, args.context, args.unix))
     return 0
 
 

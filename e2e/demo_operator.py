@@ -117,6 +117,8 @@ def serve_one_request(kubectl: Kubectl, workdir: Path, model_path: Path) -> None
     gateway_args = [*container(deployment, "gateway")["args"],
                     "--host", "127.0.0.1", "--port", str(gateway_port),
                     "--engine-url", llama.url]
+    if "--engine-socket" in gateway_args:  # the engine's socket, as named on this machine
+        gateway_args += ["--engine-socket", llama.sockets[0]]
     print("  gateway: glm-operator " + " ".join(container(deployment, "gateway")["args"]))
     log = (workdir / "logs" / "gateway.log").open("wb")
     gateway = subprocess.Popen([sys.executable, "-m", "glm_operator.cli", *gateway_args],

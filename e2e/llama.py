@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -38,16 +39,50 @@ def llama_server_binary() -> Path:
     return toolchain.ensure(COMPONENT) / "llama-server"
 
 
+def _local_socket(name: str, port: int) -> str:
+    """A rendered abstract socket's name for a process on this machine: the pod's name, made
+    unique by the engine's port, since every process here shares one network namespace."""
+    return f"{name.removesuffix('.sock')}-{port}.sock" if name.startswith("@") else name
+
+
+def with_local_sockets(argv: Sequence[str], port: int) -> list[str]:
+    """`argv` with each abstract socket in its `--host` list named by _local_socket."""
+    out = list(argv)
+    if "--host" in out:
+        at = out.index("--host") + 1
+        out[at] = ",".join(_local_socket(h, port) for h in out[at].split(","))
+    return out
+
+
+def unix_sockets(argv: Sequence[str]) -> list[str]:
+    """The Unix sockets a llama-server argv listens on (hosts ending in .sock)."""
+    hosts = argv[argv.index("--host") + 1].split(",") if "--host" in argv else []
+    return [h for h in hosts if h.endswith(".sock")]
+
+
 def _with_host_and_port(argv: Sequence[str], port: int) -> list[str]:
+    """On 127.0.0.1:<port>, and on the argv's Unix sockets (named for this machine)."""
     out = list(argv)
     if out and Path(out[0]).name == "llama-server" and not Path(out[0]).exists():
         out[0] = str(llama_server_binary())
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+    host = ",".join(["127.0.0.1", *(_local_socket(s, port) for s in unix_sockets(out))])
+    for flag, value in (("--host", host), ("--port", str(port))):
         if flag in out:
             out[out.index(flag) + 1] = value
         else:
             out += [flag, value]
     return out
+
+
+def unix_get_status(name: str, path: str, timeout: float = 5.0) -> int:
+    """The status of a GET over the Unix socket `name` ("@name": abstract)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect("\0" + name[1:] if name.startswith("@") else name)
+        sock.sendall(b"GET %b HTTP/1.1\r\nHost: engine\r\nConnection: close\r\n\r\n"
+                     % path.encode())
+        head = sock.recv(64)
+    return int(head.split(b" ", 2)[1])
 
 
 def http_json(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, Any]:
@@ -76,6 +111,11 @@ class LlamaServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def sockets(self) -> list[str]:
+        """The Unix sockets it listens on besides TCP (from a rendered `--host` list)."""
+        return unix_sockets(self.argv)
 
     @classmethod
     def start(cls, argv: Sequence[str], log_dir: Path, port: int | None = None,

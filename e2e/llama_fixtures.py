@@ -33,7 +33,7 @@ from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import Plan, PlanRequest, plan
 from glm_operator.render.engine_args import llamacpp_argv
 
-from e2e.llama import LlamaServer, llama_server_binary
+from e2e.llama import LlamaServer, llama_server_binary, with_local_sockets
 
 MiB = 1024**2
 # The cores a replica may use here: the test machine has two, shared with everything else.
@@ -113,7 +113,9 @@ def start_rendered(argv: list[str], port: int, binary: Path, log_dir: Path,
                    ready_timeout: float = 180.0) -> LlamaServer:
     """Start `argv` unchanged: its `llama-server` command is found on PATH (the pinned build's
     directory first), it listens where the argv says (127.0.0.1:<port>, loopback as in the
-    pod); the log level comes from LOAD_LOG_ENV."""
+    pod, and the pod's abstract socket, whose name alone is made unique on this machine);
+    the log level comes from LOAD_LOG_ENV."""
+    argv = with_local_sockets(argv, port)
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"llama-server-{port}.log"
     env = _engine_env(binary)

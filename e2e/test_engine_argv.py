@@ -15,7 +15,7 @@ import pytest
 from glm_operator.planning.planner import Plan
 from glm_operator.render.engine_args import llamacpp_argv
 
-from e2e.llama import http_json
+from e2e.llama import http_json, unix_get_status, with_local_sockets
 from e2e.llama_fixtures import (
     CpuCase,
     LoadReport,
@@ -70,11 +70,15 @@ def test_rendered_argv_serves(case: CpuCase, model: Path, llama_binary: Path,  #
     print("rendered:", " ".join(argv))
 
     with start_rendered(argv, port, llama_binary, tmp_path) as server:
-        assert server.argv == argv  # started exactly as rendered
+        # Started exactly as rendered, but for its abstract socket's name.
+        assert server.argv == with_local_sockets(argv, port)
         # Loopback only: another pod (here: this machine's own outside address) cannot
         # reach the engine and skip the gateway's keys and limits.
         assert refuses_connections(non_loopback_address(), port)
         assert not refuses_connections("127.0.0.1", port)
+        # And the socket the pod's gateway sends answers over (abstract: pod-local too).
+        assert server.sockets == [f"@glm-engine-{port}.sock"]
+        assert unix_get_status(server.sockets[0], "/health") == 200
         status, body = http_json(server.url + "/v1/chat/completions", {
             "model": ALIAS,
             "messages": [{"role": "user", "content": "Hello there"}],

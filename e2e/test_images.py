@@ -12,7 +12,8 @@ One flow, every part real:
    images (tagged as the operator renders them): both containers run as uid 65532 on a
    read-only root with no capabilities, every probe it declares passes when called as the
    kubelet calls it, a chat request through the gateway port is answered, and the engine's
-   port cannot be reached from outside the pod;
+   port cannot be reached from outside the pod, and the gateway sends the answer over the
+   engine's abstract Unix socket, which only the pod's containers share;
 4. the GLMService turns Ready.
 
 What the test adds is only what a kubelet adds to a pod: the ServiceAccount token mount and the
@@ -37,7 +38,7 @@ from typing import Any
 
 import pytest
 import yaml
-from glm_operator.render.engine_args import RPC_SERVER
+from glm_operator.render.engine_args import ENGINE_SOCKET, RPC_SERVER
 
 from e2e import images
 from e2e.conftest import in_ci
@@ -102,8 +103,9 @@ class Podman:
         self.names.append(name)
         return name
 
-    def logs(self, container: str) -> str:
-        result = self.store.run(self.store.podman("logs", "--tail", "80", container), "logs",
+    def logs(self, container: str, tail: int | None = 80) -> str:
+        last = ["--tail", str(tail)] if tail is not None else []
+        result = self.store.run(self.store.podman("logs", *last, container), "logs",
                                 check=False)
         return result.stdout + result.stderr
 
@@ -373,6 +375,14 @@ def test_rendered_pods_run_the_built_images(
     assert status == 200, body
     answer = json.loads(body)
     assert answer["choices"][0]["message"]["content"] is not None
+    # The answer came over the engine's abstract Unix socket, shared within the pod only:
+    # the engine listens there, and the gateway never had to fall back to TCP.
+    engine_socket = ENGINE_SOCKET
+    engine_log = podman.logs(f"{pod_name}-engine", tail=None)
+    assert f"listening on unix://{engine_socket}" in engine_log, engine_log[-3000:]
+    gateway_log = podman.logs(f"{pod_name}-gateway", tail=None)
+    assert f"answers over unix socket {engine_socket}" in gateway_log, gateway_log[-3000:]
+    assert f"socket {engine_socket} refused" not in gateway_log, gateway_log[-3000:]
 
     engine_port = int(containers["engine"]["args"][containers["engine"]["args"].index(
         "--port") + 1])

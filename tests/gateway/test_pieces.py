@@ -228,6 +228,22 @@ def test_config_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
             ["--pool", "long-context", "--long-context-url", "http://x"]))
 
 
+def test_engine_socket_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    monkeypatch.setenv("GLM_GATEWAY_SERVICE_NAME", "glm")
+    monkeypatch.setenv("GLM_GATEWAY_ENGINE_SOCKET", "@glm-engine.sock")
+    parser = argparse.ArgumentParser()
+    gateway_config.add_arguments(parser)
+    assert gateway_config.from_args(parser.parse_args([])).engine_socket == "@glm-engine.sock"
+    assert gateway_config.from_args(parser.parse_args(
+        ["--engine-socket", "/run/engine.sock"])).engine_socket == "/run/engine.sock"
+    for bad, says in (("engine.sock", "absolute path or @name"), ("@", "absolute path"),
+                      ("/" + "x" * 107, "longer than 107 bytes")):
+        with pytest.raises(ValueError, match=says):
+            gateway_config.from_args(parser.parse_args(["--engine-socket", bad]))
+
+
 def test_event_loop_choice() -> None:
     import asyncio
 

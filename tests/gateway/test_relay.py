@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
+import uvloop
 from glm_operator.gateway.engine_pool import EnginePool
 from glm_operator.gateway.relay import (
     ChunkedBody,
     EngineAddress,
     EngineHead,
     EngineProtocolError,
+    connect,
 )
 
 from .test_server import CHAT, GatewayClient, base_config, gateway_client
@@ -349,3 +356,111 @@ async def test_a_client_leaving_a_whole_answer_drops_the_engine_connection() -> 
     finally:
         await client.close()
         server.close()
+
+
+class LabelledEngine(asyncio.Protocol):
+    """Answers each POST, whole or streamed alike, with a JSON body naming the listener it
+    came in on; counts the requests per listener."""
+
+    posts: dict[str, int] = {}
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        head, sep, rest = self.buffer.partition(b"\r\n\r\n")
+        if not sep:
+            return
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        if len(rest) < length:
+            return
+        self.buffer = rest[length:]
+        LabelledEngine.posts[self.label] = LabelledEngine.posts.get(self.label, 0) + 1
+        body = json.dumps({"choices": [{"message": {"content": self.label}}],
+                           "usage": {"prompt_tokens": 3, "completion_tokens": 1}}).encode()
+        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+
+
+async def unix_listener(name: str, label: str) -> asyncio.AbstractServer:
+    """A listener on `name` ("@name": abstract), bound by hand as the engine's own is."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind("\0" + name[1:] if name.startswith("@") else name)
+    return await asyncio.get_running_loop().create_unix_server(
+        lambda: LabelledEngine(label), sock=sock)
+
+
+LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("kind", ["abstract", "path"])
+def test_answers_and_streams_go_over_the_engines_socket(loop: str, kind: str,
+                                                        tmp_path: Path) -> None:
+    name = (f"@glm-test-{uuid.uuid4().hex}.sock" if kind == "abstract"
+            else str(tmp_path / "engine.sock"))
+
+    async def scenario() -> None:
+        LabelledEngine.posts = {}
+        tcp = await asyncio.get_running_loop().create_server(
+            lambda: LabelledEngine("tcp"), "127.0.0.1", 0)
+        unix = await unix_listener(name, "unix")
+        url = f"http://127.0.0.1:{tcp.sockets[0].getsockname()[1]}"
+        client = await gateway_client(base_config(
+            url, engine_socket=name, warmup=False, engine_slots=1, context_length=100))
+        try:
+            for stream in (False, True, False, True):
+                response = await client.post("/v1/chat/completions",
+                                             json={**CHAT, "stream": stream})
+                assert response.status == 200
+                assert (await response.json())["choices"][0]["message"]["content"] == "unix"
+            assert LabelledEngine.posts == {"unix": 4}
+        finally:
+            await client.close()
+            tcp.close()
+            unix.close()
+
+    LOOPS[loop](scenario())
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_socket_that_refuses_leaves_answers_on_tcp_and_says_so_once(
+        loop: str, caplog: pytest.LogCaptureFixture) -> None:
+    name = f"@glm-test-{uuid.uuid4().hex}.sock"
+
+    async def scenario() -> None:
+        LabelledEngine.posts = {}
+        tcp = await asyncio.get_running_loop().create_server(
+            lambda: LabelledEngine("tcp"), "127.0.0.1", 0)
+        port = tcp.sockets[0].getsockname()[1]
+        address = EngineAddress("127.0.0.1", port, f"127.0.0.1:{port}", name)
+        client = await gateway_client(base_config(
+            f"http://127.0.0.1:{port}", engine_socket=name, warmup=False, engine_slots=1,
+            context_length=100))
+        try:
+            for stream in (False, True, True):
+                response = await client.post("/v1/chat/completions",
+                                             json={**CHAT, "stream": stream})
+                assert (await response.json())["choices"][0]["message"]["content"] == "tcp"
+            # The engine's socket appears (an engine that was still starting): new
+            # connections take it.
+            unix = await unix_listener(name, "unix")
+            engine = LabelledEngine("client")
+            await connect(address, engine, 5)
+            assert engine.transport.get_extra_info("socket").family == socket.AF_UNIX
+            engine.transport.close()
+            unix.close()
+        finally:
+            await client.close()
+            tcp.close()
+
+    with caplog.at_level(logging.INFO, logger="glm_operator.gateway.relay"):
+        LOOPS[loop](scenario())
+    said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.relay"]
+    assert said == [f"the engine's socket {name} refused ([Errno 111] Connection refused): "
+                    "its answers go over TCP", f"the engine's socket {name} accepts again"]

@@ -83,10 +83,17 @@ ENGINE_PROBES = ("startupProbe", "livenessProbe")
 
 
 def listen_hosts(argv: list[str]) -> list[str]:
-    """Every address an engine argv asks to listen on (`--host X` and `--host=X`)."""
+    """Every `--host X` and `--host=X` an engine argv has (llama-server's X may be a list)."""
     hosts = [argv[i + 1] if i + 1 < len(argv) else "" for i, a in enumerate(argv)
              if a == "--host"]
     return hosts + [a.partition("=")[2] for a in argv if a.startswith("--host=")]
+
+
+def pod_local(host: str) -> bool:
+    """An address only the pod's own containers reach: loopback, or an abstract Unix socket
+    (it lives in the pod's network namespace). A socket file would be reachable by whatever
+    mounts its volume, so it does not count."""
+    return host in LOOPBACK_HOSTS or (host.startswith("@") and host.endswith(".sock"))
 
 
 def engine_pod_problems(where: str, pod: dict[str, Any]) -> list[str]:
@@ -100,7 +107,7 @@ def engine_pod_problems(where: str, pod: dict[str, Any]) -> list[str]:
         return [f"{where}: an engine container without the gateway in front of it"]
     out: list[str] = []
     hosts = listen_hosts([*engine.get("command", []), *engine.get("args", [])])
-    if len(hosts) != 1 or hosts[0] not in LOOPBACK_HOSTS:
+    if len(hosts) != 1 or not all(pod_local(h) for h in hosts[0].split(",")):
         # vLLM listens on 0.0.0.0 without --host: the flag must be there, once, loopback.
         out.append(f"{where}: the engine must listen on loopback only, got --host {hosts}")
     if engine.get("ports"):

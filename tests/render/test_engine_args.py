@@ -47,7 +47,8 @@ def test_llamacpp_argv_carries_every_planned_setting() -> None:
     argv = llamacpp_argv(p, "/models/glm.gguf", 8081, "chat", ["--jinja"])
     assert argv[0] == "llama-server"
     assert flag(argv, "--model") == "/models/glm.gguf"
-    assert flag(argv, "--host") == "127.0.0.1"  # loopback: only the pod's gateway reaches it
+    # Loopback and an abstract socket: only the pod's gateway reaches either.
+    assert flag(argv, "--host") == "127.0.0.1,@glm-engine.sock"
     assert flag(argv, "--port") == "8081"
     assert flag(argv, "--alias") == "chat"
     assert flag(argv, "--ctx-size") == str(s.ctx_size) == str(32768 * 4)

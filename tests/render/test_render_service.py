@@ -343,10 +343,13 @@ def test_engine_is_reachable_only_through_the_gateway(engine: str, accelerator: 
     objects = render_service(inputs(i.service, i.model_version, config, i.capabilities))
     for deployment in by_kind(objects, "Deployment"):
         engine_c, gateway = container(deployment, "engine"), container(deployment, "gateway")
-        assert arg(engine_c, "--host") == "127.0.0.1"
+        socket = "@glm-engine.sock" if engine == "llamacpp" else None
+        assert arg(engine_c, "--host").split(",") == ["127.0.0.1", *([socket] if socket else [])]
         assert arg(engine_c, "--port") == "9001"
         assert "ports" not in engine_c
         assert arg(gateway, "--engine-url") == "http://127.0.0.1:9001"
+        assert (arg(gateway, "--engine-socket") if socket else None) == socket
+        assert socket or "--engine-socket" not in gateway["args"]
         for probe in ("startupProbe", "livenessProbe"):
             # The gateway's number: a named port resolves among the engine's own ports.
             assert engine_c[probe]["httpGet"] == {"path": "/enginez", "port": 9000}
@@ -378,6 +381,11 @@ def test_invariants_catch_an_engine_reachable_from_other_pods(engine: str) -> No
 
     objects = render_service(golden_inputs(engine, "a10"))
     _engine_of(objects)["args"].append("--host=10.0.0.5")
+    assert any("loopback" in p for p in problems(objects))
+
+    objects = render_service(golden_inputs(engine, "a10"))
+    args = _engine_of(objects)["args"]
+    args[args.index("--host") + 1] = "127.0.0.1,/models/engine.sock"  # a file others mount
     assert any("loopback" in p for p in problems(objects))
 
     objects = render_service(golden_inputs(engine, "a10"))
@@ -434,6 +442,7 @@ def test_gateway_args_parse_with_the_gateways_own_parser() -> None:
     gateway_config.add_arguments(parser)
     parsed = gateway_config.from_args(parser.parse_args(gateway["args"][1:]))
     assert parsed.engine_url == "http://127.0.0.1:8081"
+    assert parsed.engine_socket == "@glm-engine.sock"
     assert parsed.port == 8080
     assert (parsed.service_name, parsed.model_version, parsed.pool) == (
         "chat", "glm4-9b-q4", "main")

@@ -52,9 +52,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     gateway = Gateway(config)
     logging.getLogger(__name__).info(
-        "gateway for %s (version %s, pool %s) on %s:%d -> %s (event loop %s)",
+        "gateway for %s (version %s, pool %s) on %s:%d -> %s%s (event loop %s)",
         config.service_name, config.model_version or "-", config.pool, config.host, config.port,
-        config.engine_url, type(loop).__module__.split(".")[0],
+        config.engine_url,
+        f", answers over unix socket {config.engine_socket}" if config.engine_socket else "",
+        type(loop).__module__.split(".")[0],
     )
     try:
         loop.run_until_complete(serve(gateway, config.host, config.port))

@@ -83,6 +83,9 @@ class ActivityConfig:
 class GatewayConfig:
     engine_url: str
     service_name: str
+    # A Unix socket the engine also listens on ("@name": Linux's abstract namespace, shared by
+    # the pod's containers); answers and streams go over it, probes and warm-up over the URL.
+    engine_socket: str | None = None
     model_version: str = ""
     pool: Pool = "main"
     host: str = "0.0.0.0"
@@ -112,11 +115,26 @@ class GatewayConfig:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
         if self.pool == "long-context" and self.long_context_url:
             raise ValueError("the long-context pool cannot overflow to another long-context pool")
+        if self.engine_socket is not None:
+            check_socket_name(self.engine_socket)
 
     @property
     def labels(self) -> dict[str, str]:
         return {"service": self.service_name, "model_version": self.model_version,
                 "pool": self.pool}
+
+
+# sockaddr_un.sun_path is 108 bytes on Linux: a path, or "\0" + an abstract name.
+MAX_SOCKET_NAME = 107
+
+
+def check_socket_name(name: str) -> None:
+    if not name.startswith(("/", "@")) or len(name) < 2:
+        raise ValueError(f"--engine-socket must be an absolute path or @name (an abstract "
+                         f"socket), got {name!r}")
+    if len(name.encode()) > MAX_SOCKET_NAME:
+        raise ValueError(f"--engine-socket {name!r} is longer than {MAX_SOCKET_NAME} bytes, "
+                         "the most a Unix socket address holds")
 
 
 def _env(name: str, default: str = "") -> str:
@@ -153,6 +171,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="listen port [GLM_GATEWAY_PORT]")
     add("--engine-url", default=_env("ENGINE_URL", "http://127.0.0.1:8081"),
         help="the engine container's base URL [GLM_GATEWAY_ENGINE_URL]")
+    add("--engine-socket", default=_env("ENGINE_SOCKET") or None, metavar="PATH|@NAME",
+        help="a Unix socket the engine also listens on: answers and streams go over it, "
+             "probes and warm-up over --engine-url; a connection it refuses goes over TCP "
+             "[GLM_GATEWAY_ENGINE_SOCKET]")
     add("--service-name", default=_env("SERVICE_NAME"), required=not _env("SERVICE_NAME"),
         help="the GLMService name; the model id in /v1/models [GLM_GATEWAY_SERVICE_NAME]")
     add("--model-version", default=_env("MODEL_VERSION"),
@@ -278,6 +300,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         )
     return GatewayConfig(
         engine_url=args.engine_url.rstrip("/"),
+        engine_socket=args.engine_socket,
         service_name=args.service_name,
         model_version=args.model_version,
         pool=args.pool,

@@ -18,12 +18,16 @@ over kept-alive connections instead (engine_pool.py).
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
 from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # the engine's status line and headers
 MAX_LINE_BYTES = 4096  # one chunk-size or trailer line
@@ -56,14 +60,16 @@ class EngineAddress:
     host: str
     port: int
     authority: str  # the Host header
+    # Tried first when set: a Unix socket the engine also listens on ("@name": abstract).
+    unix: str | None = None
 
     @classmethod
-    def parse(cls, url: str) -> EngineAddress | None:
+    def parse(cls, url: str, unix: str | None = None) -> EngineAddress | None:
         """An http:// URL's address; None where this relay does not apply (https, no port)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
             return None
-        return cls(parts.hostname, parts.port or 80, parts.netloc)
+        return cls(parts.hostname, parts.port or 80, parts.netloc, unix)
 
 
 class ChunkedBody:
@@ -415,14 +421,47 @@ class EngineExchange(asyncio.Protocol):
 
 async def connect(address: EngineAddress, protocol: asyncio.Protocol,
                   timeout: float | None) -> None:
-    """Connect `protocol` to the engine within `timeout` seconds."""
+    """Connect `protocol` to the engine within `timeout` seconds: over its Unix socket when
+    it has one and accepts, else over TCP."""
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout):
+            if address.unix is not None:
+                sock = await _unix_socket(loop, address.unix)
+                if sock is not None:
+                    await loop.create_unix_connection(lambda: protocol, sock=sock)
+                    return
             await loop.create_connection(lambda: protocol, address.host, address.port)
     except TimeoutError:
         # Unreachable, not slow: the gateway answers 503, as for a refused connection.
         raise ConnectionError(f"no connection within {timeout:g} s") from None
+
+
+_refusing_sockets: set[str] = set()  # logged once until they accept again
+
+
+async def _unix_socket(loop: asyncio.AbstractEventLoop, name: str) -> socket.socket | None:
+    """A connected socket to the engine's Unix socket, or None where it refuses (an engine
+    build without the socket, or one still starting: TCP then answers, or fails alike).
+    Connected by hand: uvloop refuses abstract names in create_unix_connection's path."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await loop.sock_connect(sock, "\0" + name[1:] if name.startswith("@") else name)
+    except OSError as exc:
+        sock.close()
+        if name not in _refusing_sockets:
+            _refusing_sockets.add(name)
+            log.warning("the engine's socket %s refused (%s): its answers go over TCP",
+                        name, exc)
+        return None
+    except BaseException:
+        sock.close()
+        raise
+    if name in _refusing_sockets:
+        _refusing_sockets.discard(name)
+        log.info("the engine's socket %s accepts again", name)
+    return sock
 
 
 class EngineConnector:

@@ -104,7 +104,7 @@ class Gateway:
         self._at_engine = 0
         self._held = 0
         # Streamed requests to this pod's engine go through the transport-level relay.
-        address = EngineAddress.parse(config.engine_url)
+        address = EngineAddress.parse(config.engine_url, config.engine_socket)
         self._engine = None if address is None else EngineConnector(
             address, config.connect_timeout_seconds, config.read_timeout_seconds)
         # Whole answers from it over kept-alive connections.

@@ -23,6 +23,13 @@ VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
 # Loopback only: the gateway in the same pod is the engine's one client, so no other pod can
 # skip its API keys and rate limits. The kubelet probes the gateway's /enginez (see pod.py).
 ENGINE_HOST = "127.0.0.1"
+# llama-server also listens on this Unix socket, in Linux's abstract namespace ("@": no file,
+# gone with the process, so a restarted container finds no stale socket in its way). The
+# namespace belongs to the pod's network namespace: only the pod's own containers reach it,
+# as with loopback. The gateway sends answers and streams over it, which saves the loopback
+# TCP stack's work on every chunk (docs/performance.md); probes and warm-up stay on TCP.
+# llama-server takes a Unix socket for a host ending in ".sock" (tools/server/server-http.cpp).
+ENGINE_SOCKET = "@glm-engine.sock"
 VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
 # Multi-node: llama.cpp's ggml-rpc-server port (its default), and the Ray head's GCS port. The
 # pinned vLLM (v0.11.0) spans nodes only through Ray: its own multi-node flags (--nnodes,
@@ -60,7 +67,7 @@ def llamacpp_argv(
     argv = [
         LLAMA_SERVER,
         "--model", model_path,
-        "--host", ENGINE_HOST,
+        "--host", f"{ENGINE_HOST},{ENGINE_SOCKET}",
         "--port", str(port),
         "--alias", alias,
         "--ctx-size", str(settings.ctx_size),
@@ -89,6 +96,12 @@ def llamacpp_argv(
                  "--tensor-split", ",".join(str(n) for n in settings.tensor_split)]
     argv.extend(extra_args)
     return argv
+
+
+def engine_socket(plan: Plan) -> str | None:
+    """The Unix socket the plan's engine listens on besides TCP: llama-server's. vLLM's
+    `--uds` would replace its TCP listener (and the probes with it), so vLLM has none."""
+    return ENGINE_SOCKET if plan.llamacpp is not None else None
 
 
 def rpc_server_argv(plan: Plan) -> list[str]:

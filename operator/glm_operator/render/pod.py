@@ -28,7 +28,7 @@ from glm_operator.render.ascend import (
     driver_volumes,
     is_ascend,
 )
-from glm_operator.render.engine_args import RAY_PORT, engine_argv, ray_head_argv
+from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
 from glm_operator.render.model_family import stop_sequences
 from glm_operator.render.names import dns_name
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
@@ -420,6 +420,8 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
         "--context-length", str(context),
         "--engine-slots", str(slots),
     ]  # fmt: skip
+    if (socket := engine_socket(ctx.plan)) is not None:
+        args += ["--engine-socket", socket]
     if ctx.long_context_url and ctx.long_context_deployment:
         args += ["--long-context-url", ctx.long_context_url,
                  "--long-context-deployment", ctx.long_context_deployment]
