@@ -60,6 +60,7 @@ from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, http_json, llama_server_binary
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.ports import free_port
+from e2e.procstat import cpu_seconds
 
 TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.97}
 TARGET_ADDED_MS = {"non-streaming": 0.5, "streaming": 1.0}
@@ -296,7 +297,7 @@ def _vllm_router(binary: str, engine_url: str, work: Path
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(process, url, ROUTER, log.name, 60)
-        yield url, lambda: _cpu_seconds(process.pid)
+        yield url, lambda: cpu_seconds(process.pid)
     finally:
         process.terminate()
         try:
@@ -305,11 +306,6 @@ def _vllm_router(binary: str, engine_url: str, work: Path
             process.kill()
             process.wait()
         log.close()
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _peak_rss_mib(gateway: GatewayProcess) -> float:

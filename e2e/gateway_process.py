@@ -14,6 +14,7 @@ from types import TracebackType
 
 from e2e.llama import http_json
 from e2e.ports import free_port
+from e2e.procstat import cpu_seconds
 
 
 class GatewayProcess:
@@ -74,10 +75,8 @@ class GatewayProcess:
         raise RuntimeError("no VmRSS")
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the process has used (from /proc/<pid>/stat)."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
-        return ticks / os.sysconf("SC_CLK_TCK")
+        """User + system CPU time the process has used (e2e.procstat)."""
+        return cpu_seconds(self.process.pid)
 
     def metrics_text(self) -> str:
         status, text = http_json(self.url + "/metrics")
