@@ -464,3 +464,45 @@ def test_a_socket_that_refuses_leaves_answers_on_tcp_and_says_so_once(
     said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.relay"]
     assert said == [f"the engine's socket {name} refused ([Errno 111] Connection refused): "
                     "its answers go over TCP", f"the engine's socket {name} accepts again"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_socket_whose_accept_queue_is_full_leaves_that_connection_on_tcp(
+        loop: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A Unix socket's connect fails with EAGAIN when the listener's queue is full; the
+    loops' sock_connect would report such a socket connected. The engine's is not used then."""
+    name = f"@glm-test-{uuid.uuid4().hex}.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name[1:])
+    listener.listen(0)  # and never accepts
+    queued: list[socket.socket] = []
+    while True:  # fill its queue
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect("\0" + name[1:])
+        except BlockingIOError:
+            sock.close()
+            break
+        queued.append(sock)
+
+    async def scenario() -> None:
+        tcp = await asyncio.get_running_loop().create_server(
+            lambda: LabelledEngine("tcp"), "127.0.0.1", 0)
+        port = tcp.sockets[0].getsockname()[1]
+        engine = LabelledEngine("client")
+        try:
+            await connect(EngineAddress("127.0.0.1", port, f"127.0.0.1:{port}", name), engine, 5)
+            assert engine.transport.get_extra_info("socket").family == socket.AF_INET
+            engine.transport.close()
+        finally:
+            tcp.close()
+
+    try:
+        with caplog.at_level(logging.INFO, logger="glm_operator.gateway.relay"):
+            LOOPS[loop](scenario())
+    finally:
+        for sock in queued:
+            sock.close()
+        listener.close()
+    assert not [r for r in caplog.records if r.name == "glm_operator.gateway.relay"]

@@ -427,7 +427,7 @@ async def connect(address: EngineAddress, protocol: asyncio.Protocol,
     try:
         async with asyncio.timeout(timeout):
             if address.unix is not None:
-                sock = await _unix_socket(loop, address.unix)
+                sock = _unix_socket(address.unix)
                 if sock is not None:
                     await loop.create_unix_connection(lambda: protocol, sock=sock)
                     return
@@ -440,14 +440,23 @@ async def connect(address: EngineAddress, protocol: asyncio.Protocol,
 _refusing_sockets: set[str] = set()  # logged once until they accept again
 
 
-async def _unix_socket(loop: asyncio.AbstractEventLoop, name: str) -> socket.socket | None:
-    """A connected socket to the engine's Unix socket, or None where it refuses (an engine
-    build without the socket, or one still starting: TCP then answers, or fails alike).
-    Connected by hand: uvloop refuses abstract names in create_unix_connection's path."""
+def _unix_socket(name: str) -> socket.socket | None:
+    """A socket connected to the engine's Unix socket, or None where this connection goes
+    over TCP instead: the socket refuses (an engine build without it, or one still starting:
+    TCP then answers, or fails alike), or its accept queue is full.
+
+    Connected by hand, not by the loop: a Unix socket's connect completes or fails at once,
+    never "in progress"; a full accept queue fails it with EAGAIN, which the loops' sock_connect
+    mistakes for a connect in progress and then reports as done, handing over a socket that is
+    not connected. (uvloop also refuses abstract names in create_unix_connection's path.)"""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        await loop.sock_connect(sock, "\0" + name[1:] if name.startswith("@") else name)
+        sock.connect("\0" + name[1:] if name.startswith("@") else name)
+    except BlockingIOError:
+        # A burst beyond the engine's backlog: TCP's handshake waits in the kernel instead.
+        sock.close()
+        return None
     except OSError as exc:
         sock.close()
         if name not in _refusing_sockets:
@@ -455,9 +464,6 @@ async def _unix_socket(loop: asyncio.AbstractEventLoop, name: str) -> socket.soc
             log.warning("the engine's socket %s refused (%s): its answers go over TCP",
                         name, exc)
         return None
-    except BaseException:
-        sock.close()
-        raise
     if name in _refusing_sockets:
         _refusing_sockets.discard(name)
         log.info("the engine's socket %s accepts again", name)
