@@ -242,6 +242,8 @@ def test_engine_socket_names(monkeypatch: pytest.MonkeyPatch) -> None:
                       ("/" + "x" * 107, "longer than 107 bytes")):
         with pytest.raises(ValueError, match=says):
             gateway_config.from_args(parser.parse_args(["--engine-socket", bad]))
+    with pytest.raises(ValueError, match="needs an http:// --engine-url"):
+        gateway_config.from_args(parser.parse_args(["--engine-url", "https://engine:8443"]))
 
 
 def test_event_loop_choice() -> None:

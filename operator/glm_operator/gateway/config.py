@@ -117,6 +117,10 @@ class GatewayConfig:
             raise ValueError("the long-context pool cannot overflow to another long-context pool")
         if self.engine_socket is not None:
             check_socket_name(self.engine_socket)
+            if not self.engine_url.startswith("http://"):
+                # The socket carries plain HTTP; a TLS engine is reached by aiohttp's client.
+                raise ValueError("--engine-socket needs an http:// --engine-url, got "
+                                 f"{self.engine_url!r}")
 
     @property
     def labels(self) -> dict[str, str]:
