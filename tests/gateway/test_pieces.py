@@ -242,8 +242,9 @@ def test_engine_socket_names(monkeypatch: pytest.MonkeyPatch) -> None:
                       ("/" + "x" * 107, "longer than 107 bytes")):
         with pytest.raises(ValueError, match=says):
             gateway_config.from_args(parser.parse_args(["--engine-socket", bad]))
-    with pytest.raises(ValueError, match="needs an http:// --engine-url"):
-        gateway_config.from_args(parser.parse_args(["--engine-url", "https://engine:8443"]))
+    for url in ("https://engine:8443", "http://engine:8081/v1"):
+        with pytest.raises(ValueError, match="needs an http:// --engine-url without a path"):
+            gateway_config.from_args(parser.parse_args(["--engine-url", url]))
 
 
 def test_event_loop_choice() -> None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from glm_operator.gateway.relay import EngineAddress
+
 Pool = Literal["main", "long-context"]
 POOLS: tuple[Pool, ...] = ("main", "long-context")
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -117,10 +119,11 @@ class GatewayConfig:
             raise ValueError("the long-context pool cannot overflow to another long-context pool")
         if self.engine_socket is not None:
             check_socket_name(self.engine_socket)
-            if not self.engine_url.startswith("http://"):
-                # The socket carries plain HTTP; a TLS engine is reached by aiohttp's client.
-                raise ValueError("--engine-socket needs an http:// --engine-url, got "
-                                 f"{self.engine_url!r}")
+            if EngineAddress.parse(self.engine_url) is None:
+                # The socket is for the relay, which speaks plain HTTP/1.1 at the URL's root;
+                # other engines are reached by aiohttp's client.
+                raise ValueError("--engine-socket needs an http:// --engine-url without a "
+                                 f"path, got {self.engine_url!r}")
 
     @property
     def labels(self) -> dict[str, str]:
