@@ -27,6 +27,8 @@ import socket
 import time
 from typing import Any
 
+from glm_operator.gateway.relay import unix_address
+
 MAX_REQUEST_BYTES = 1 << 20
 
 
@@ -139,7 +141,7 @@ async def serve(port: int, gap: float, slots: int, context: int, unix: str | Non
         await stack.enter_async_context(server)
         if unix is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind("\0" + unix[1:] if unix.startswith("@") else unix)
+            sock.bind(unix_address(unix))
             await stack.enter_async_context(await loop.create_unix_server(
                 lambda: PacedEngine(gap, slots, context), sock=sock))
         await server.serve_forever()

@@ -24,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from glm_operator.gateway.relay import unix_address
+
 from e2e import toolchain
 from e2e.ports import free_port
 
@@ -78,7 +80,7 @@ def unix_get_status(name: str, path: str, timeout: float = 5.0) -> int:
     """The status of a GET over the Unix socket `name` ("@name": abstract)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
-        sock.connect("\0" + name[1:] if name.startswith("@") else name)
+        sock.connect(unix_address(name))
         sock.sendall(b"GET %b HTTP/1.1\r\nHost: engine\r\nConnection: close\r\n\r\n"
                      % path.encode())
         head = sock.recv(64)

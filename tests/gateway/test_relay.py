@@ -27,6 +27,7 @@ from glm_operator.gateway.relay import (
     EngineHead,
     EngineProtocolError,
     connect,
+    unix_address,
 )
 
 from .test_server import CHAT, GatewayClient, base_config, gateway_client
@@ -390,7 +391,7 @@ class LabelledEngine(asyncio.Protocol):
 async def unix_listener(name: str, label: str) -> asyncio.AbstractServer:
     """A listener on `name` ("@name": abstract), bound by hand as the engine's own is."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind("\0" + name[1:] if name.startswith("@") else name)
+    sock.bind(unix_address(name))
     return await asyncio.get_running_loop().create_unix_server(
         lambda: LabelledEngine(label), sock=sock)
 
@@ -473,14 +474,14 @@ def test_a_socket_whose_accept_queue_is_full_leaves_that_connection_on_tcp(
     loops' sock_connect would report such a socket connected. The engine's is not used then."""
     name = f"@glm-test-{uuid.uuid4().hex}.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind("\0" + name[1:])
+    listener.bind(unix_address(name))
     listener.listen(0)  # and never accepts
     queued: list[socket.socket] = []
     while True:  # fill its queue
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
         try:
-            sock.connect("\0" + name[1:])
+            sock.connect(unix_address(name))
         except BlockingIOError:
             sock.close()
             break

@@ -440,6 +440,12 @@ async def connect(address: EngineAddress, protocol: asyncio.Protocol,
 _refusing_sockets: set[str] = set()  # logged once until they accept again
 
 
+def unix_address(name: str) -> str:
+    """The socket address of `name`: a path, or "@name" for Linux's abstract namespace (as
+    llama-server and cpp-httplib write it), whose address starts with a NUL byte."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
 def _unix_socket(name: str) -> socket.socket | None:
     """A socket connected to the engine's Unix socket, or None where this connection goes
     over TCP instead: the socket refuses (an engine build without it, or one still starting:
@@ -452,7 +458,7 @@ def _unix_socket(name: str) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        sock.connect("\0" + name[1:] if name.startswith("@") else name)
+        sock.connect(unix_address(name))
     except BlockingIOError:
         # A burst beyond the engine's backlog: TCP's handshake waits in the kernel instead.
         sock.close()
