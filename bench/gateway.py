@@ -3,7 +3,7 @@
     python -m bench.gateway [--levels 1,8,32] [--tokens 128] [--rounds 2]
                             [--event-loops auto|uvloop,asyncio] [--baseline REF[,REF]]
                             [--router auto|off] [--engine llama|paced]
-                            [--engine-hops socket|tcp|socket,tcp]
+                            [--engine-hops socket|tcp|socket,tcp] [--floor]
                             [--token-gap-ms 2] [--json out.json]
     pytest bench/gateway.py -m bench -s
 
@@ -19,7 +19,8 @@ The engine listens on TCP and on an abstract Unix socket, as the rendered llama.
 each gateway sends answers over the socket (`--engine-socket`, as rendered), and with
 `--engine-hops socket,tcp` one more gateway per event loop over TCP ("<loop> tcp") measures
 what the socket saves. Direct load, vllm-router and `--baseline` gateways whose code has no
-`--engine-socket` go over TCP.
+`--engine-socket` go over TCP. `--floor` adds bench/byte_relay.py, which copies bytes between
+the sockets and does nothing else: what any relay in Python on uvloop pays per token.
 
 `--engine paced` puts bench/paced_engine.py in llama-server's place: a chunk every
 `--token-gap-ms` at almost no CPU. On two shared cores the real engine computes on the cores
@@ -65,6 +66,7 @@ from e2e.procstat import cpu_seconds
 TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.97}
 TARGET_ADDED_MS = {"non-streaming": 0.5, "streaming": 1.0}
 ROUTER = "vllm-router"
+FLOOR = "byte relay"  # bench/byte_relay.py: copies bytes, the floor of any Python relay
 TARGET_RSS_MIB = 60.0
 PROMPT = [{"role": "user", "content": "Tell me a story about a lighthouse keeper."}]
 
@@ -149,7 +151,8 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
                   event_loops: tuple[str, ...] = ("auto",), baselines: tuple[str, ...] = (),
                   router: bool = True, engine_kind: str = "llama",
                   token_gap_ms: float = 2.0,
-                  engine_hops: tuple[str, ...] = ("socket",)) -> dict[str, object]:
+                  engine_hops: tuple[str, ...] = ("socket",),
+                  floor: bool = False) -> dict[str, object]:
     """One gateway per event loop in `event_loops` (and one per git revision in `baselines`
     running that revision's code, and
     vllm-router when installed and `router`), all in front of the same engine and measured in
@@ -191,6 +194,8 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
             name: (gateway.url, gateway.cpu_seconds) for name, gateway in gateways.items()}
         router_binary = shutil.which(ROUTER, path=f"{Path(sys.executable).parent}:"
                                      f"{os.environ.get('PATH', '')}") if router else None
+        if floor:
+            paths[FLOOR] = stack.enter_context(_byte_relay(engine_url, work))
         if router_binary:
             paths[ROUTER] = stack.enter_context(_vllm_router(router_binary, engine_url, work))
         elif router:
@@ -283,20 +288,16 @@ def _export_operator(ref: str, into: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _vllm_router(binary: str, engine_url: str, work: Path
-                 ) -> Iterator[tuple[str, Callable[[], float]]]:
-    port = free_port()
-    log = (work / "vllm-router.log").open("wb")
-    process = subprocess.Popen(
-        [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,
-         "--policy", "round_robin", "--log-level", "warning",
-         # llama-server closes a keep-alive connection after each streamed answer; the
-         # router counts those as worker failures and, at 32 streams, opens its breaker.
-         "--disable-circuit-breaker"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+def _reference_path(name: str, argv: list[str], port: int, work: Path
+                    ) -> Iterator[tuple[str, Callable[[], float]]]:
+    """A reference path's process, listening on 127.0.0.1:<port>; yields its URL and CPU."""
+    log = (work / f"{name.replace(' ', '-')}.log").open("wb")
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, start_new_session=True,
+                               cwd=Path(__file__).resolve().parent.parent)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(process, url, ROUTER, log.name, 60)
+        _wait_healthy(process, url, name, log.name, 60)
         yield url, lambda: cpu_seconds(process.pid)
     finally:
         process.terminate()
@@ -306,6 +307,26 @@ def _vllm_router(binary: str, engine_url: str, work: Path
             process.kill()
             process.wait()
         log.close()
+
+
+def _vllm_router(binary: str, engine_url: str, work: Path
+                 ) -> contextlib.AbstractContextManager[tuple[str, Callable[[], float]]]:
+    port = free_port()
+    return _reference_path(ROUTER, [
+        binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine_url,
+        "--policy", "round_robin", "--log-level", "warning",
+        # llama-server closes a keep-alive connection after each streamed answer; the
+        # router counts those as worker failures and, at 32 streams, opens its breaker.
+        "--disable-circuit-breaker"], port, work)
+
+
+def _byte_relay(engine_url: str, work: Path
+                ) -> contextlib.AbstractContextManager[tuple[str, Callable[[], float]]]:
+    port = free_port()
+    return _reference_path(FLOOR, [
+        sys.executable, "-m", "bench.byte_relay", "--port", str(port),
+        "--to", engine_url.removeprefix("http://")], port, work)
+
 
 
 def _peak_rss_mib(gateway: GatewayProcess) -> float:
@@ -319,7 +340,7 @@ def misses(result: dict[str, object]) -> list[str]:
     """The targets a result misses, in words."""
     out = []
     for row in result["rows"]:  # type: ignore[attr-defined]
-        if (row["path"] == ROUTER or row["path"].startswith("baseline")
+        if (row["path"] in (ROUTER, FLOOR) or row["path"].startswith("baseline")
                 or row["path"].endswith(" tcp")):
             continue  # reference columns, not the gateway as pods run it
         where = f"{row['mode']} c={row['concurrency']} ({row['path']})"
@@ -366,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="socket: gateways send answers over the engine's Unix socket, as "
                              "rendered pods do; socket,tcp: also one gateway per event loop "
                              "over TCP, to measure the difference")
+    parser.add_argument("--floor", action="store_true",
+                        help="also run bench/byte_relay.py, a relay that only copies bytes: "
+                             "the floor of CPU per token for any relay in Python on uvloop")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not set(args.engine_hops.split(",")) <= {"socket", "tcp"}:
@@ -376,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                            baselines=tuple(filter(None, args.baseline.split(","))),
                            router=args.router == "auto", engine_kind=args.engine,
                            token_gap_ms=args.token_gap_ms,
-                           engine_hops=tuple(args.engine_hops.split(",")))
+                           engine_hops=tuple(args.engine_hops.split(",")),
+                           floor=args.floor)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     missed = misses(result)

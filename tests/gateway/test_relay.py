@@ -38,12 +38,13 @@ EVENTS = [b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
           b"data: [DONE]\n\n"]
 
 
-def chunked(pieces: list[bytes]) -> bytes:
-    return b"".join(b"%x;ext=1\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+def chunked(pieces: list[bytes], extension: bytes = b";ext=1") -> bytes:
+    return b"".join(b"%x%b\r\n%b\r\n" % (len(p), extension, p) for p in pieces) + b"0\r\n\r\n"
 
 
-def test_chunked_body_across_every_split() -> None:
-    framed = chunked(EVENTS)
+@pytest.mark.parametrize("extension", [b";ext=1", b""])
+def test_chunked_body_across_every_split(extension: bytes) -> None:
+    framed = chunked(EVENTS, extension)
     for split in range(1, len(framed)):
         body, out = ChunkedBody(), []
         assert body.feed(framed[:split], out) == split
@@ -52,6 +53,23 @@ def test_chunked_body_across_every_split() -> None:
         assert used == len(framed) - split, split  # bytes after the body are not its own
         assert body.complete and body.at_boundary is False
         assert b"".join(out) == b"".join(EVENTS)
+
+
+def test_chunked_body_one_chunk_per_packet_as_engines_send_them() -> None:
+    """The usual packet is one whole chunk: its payload comes out whole, and the body stays
+    between chunks, whatever the payload holds (here a CRLF and what looks like a size line)."""
+    body, out = ChunkedBody(), []
+    tricky = b"data: a\r\n5\r\nhello\r\n\n\n"
+    for event in [*EVENTS, tricky]:
+        packet = b"%x\r\n%b\r\n" % (len(event), event)
+        assert body.feed(packet, out) == len(packet)
+        assert body.at_boundary and out[-1] == event
+    assert body.feed(b"0\r\n\r\nNEXT", out) == 5 and body.complete
+    # A size line with an extension is followed; one that is not hex is refused.
+    body, out = ChunkedBody(), []
+    assert body.feed(b"5;x=1\r\nhello\r\n", out) == 14 and out == [b"hello"]
+    with pytest.raises(EngineProtocolError):
+        ChunkedBody().feed(b"zz\r\nhello\r\n", [])
 
 
 def test_chunked_body_boundary_and_bad_framing() -> None:
