@@ -58,7 +58,7 @@ import pytest
 from glm_operator.render.engine_args import ENGINE_SOCKET
 
 from e2e.gateway_process import GatewayProcess
-from e2e.llama import LlamaServer, http_json, llama_server_binary
+from e2e.llama import LlamaServer, http_json, llama_server_binary, local_socket
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.ports import free_port
 from e2e.procstat import cpu_seconds
@@ -259,7 +259,7 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, what: str, log_nam
 def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[tuple[str, str]]:
     """bench/paced_engine.py in its own process; yields its URL and its Unix socket."""
     port = free_port()
-    socket = f"{ENGINE_SOCKET.removesuffix('.sock')}-{port}.sock"
+    socket = local_socket(ENGINE_SOCKET, port)
     log = (work / "paced-engine.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.paced_engine", "--port", str(port), "--unix", socket,

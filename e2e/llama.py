@@ -41,18 +41,18 @@ def llama_server_binary() -> Path:
     return toolchain.ensure(COMPONENT) / "llama-server"
 
 
-def _local_socket(name: str, port: int) -> str:
+def local_socket(name: str, port: int) -> str:
     """A rendered abstract socket's name for a process on this machine: the pod's name, made
     unique by the engine's port, since every process here shares one network namespace."""
     return f"{name.removesuffix('.sock')}-{port}.sock" if name.startswith("@") else name
 
 
 def with_local_sockets(argv: Sequence[str], port: int) -> list[str]:
-    """`argv` with each abstract socket in its `--host` list named by _local_socket."""
+    """`argv` with each abstract socket in its `--host` list named by local_socket."""
     out = list(argv)
     if "--host" in out:
         at = out.index("--host") + 1
-        out[at] = ",".join(_local_socket(h, port) for h in out[at].split(","))
+        out[at] = ",".join(local_socket(h, port) for h in out[at].split(","))
     return out
 
 
@@ -67,7 +67,7 @@ def _with_host_and_port(argv: Sequence[str], port: int) -> list[str]:
     out = list(argv)
     if out and Path(out[0]).name == "llama-server" and not Path(out[0]).exists():
         out[0] = str(llama_server_binary())
-    host = ",".join(["127.0.0.1", *(_local_socket(s, port) for s in unix_sockets(out))])
+    host = ",".join(["127.0.0.1", *(local_socket(s, port) for s in unix_sockets(out))])
     for flag, value in (("--host", host), ("--port", str(port))):
         if flag in out:
             out[out.index(flag) + 1] = value
