@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from e2e.cache import cache_root
+
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_FILE = E2E_DIR / "versions.toml"
 COMPLETE_MARKER = ".complete"
@@ -44,11 +46,6 @@ def versions() -> dict[str, str]:
     with VERSIONS_FILE.open("rb") as handle:
         data = tomllib.load(handle)
     return {name: str(table["version"]) for name, table in data.items()}
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("GLM_OPERATOR_CACHE")
-    return Path(configured) if configured else Path.home() / ".cache" / "glm-operator"
 
 
 def component_dir(name: str) -> Path:

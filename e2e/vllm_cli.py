@@ -22,7 +22,7 @@ from typing import Any
 
 from glm_operator.planning.accelerators import VLLM_CUDA_IMAGE
 
-from e2e.toolchain import cache_root
+from e2e.cache import cache_root
 
 VLLM_VERSION = VLLM_CUDA_IMAGE.rpartition(":v")[2]
 PARSE_SCRIPT = Path(__file__).resolve().parent / "vllm_cli_parse.py"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.toolchain import cache_root
+from e2e.cache import cache_root
 
 SOURCE_DIR = Path(__file__).resolve().parent
 REPO = SOURCE_DIR.parent.parent
