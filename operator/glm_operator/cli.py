@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("glm_operator.controllers.cli", "run the operator (kopf) against the current cluster"),
     "render": ("glm_operator.render.cli", "print the manifests for a GLMService, offline"),
     "plan": ("glm_operator.planning.cli", "print the capacity plan for a GLMService, offline"),
-    "crds": ("glm_operator.api.cli", "regenerate the CRD YAML and API reference from the types"),
+    "crds": ("glm_operator.generate", "regenerate the CRD YAML and API reference from the types"),
     "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),
     "gateway": ("glm_operator.gateway.cli", "run the OpenAI-compatible gateway sidecar"),
     "wait-tcp": ("glm_operator.wait_tcp", "wait until HOST:PORT addresses accept connections"),

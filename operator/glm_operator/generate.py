@@ -1,5 +1,8 @@
 """`glm-operator crds`: write the CRDs (crds/ and the chart) and docs/api.md from the types,
-and the chart's prometheus-adapter rules from the catalogue of autoscaling signals."""
+and the chart's prometheus-adapter rules from the catalogue of autoscaling signals.
+
+It generates from two layers (api/ and render/), so it lives above both: the API types never
+import the renderer."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import yaml
 
 from glm_operator.api.apidocs import render_api_reference
 from glm_operator.api.crdgen import KINDS, crd, crd_errors
+from glm_operator.render.scaling_metrics import adapter_files
 from glm_operator.wellknown import GROUP
 
 # The chart templates its copy behind `crds.enabled` (charts/glm-operator/templates/crds.yaml):
@@ -42,9 +46,7 @@ def generated_files() -> dict[str, str]:
     files[API_DOC] = render_api_reference()
     # The shipped prometheus-adapter rules come from the catalogue of autoscaling signals
     # (render/): generated here so that one command, and one staleness test, covers every
-    # generated file. Imported here only, so the API types never depend on the renderer.
-    from glm_operator.render.scaling_metrics import adapter_files
-
+    # generated file.
     files.update(adapter_files(ADAPTER_NOTE))
     return files
 

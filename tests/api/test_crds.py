@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from glm_operator.api import cli
+from glm_operator import generate
 from glm_operator.api.crdgen import (
     GLMSERVICE_KIND,
     MODELVERSION_KIND,
@@ -40,10 +40,10 @@ def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_committed_files_match_the_types(tmp_path: Path) -> None:
-    cli.write_generated(tmp_path)
+    generate.write_generated(tmp_path)
     stale = [
         relative
-        for relative in cli.generated_files()
+        for relative in generate.generated_files()
         if not (REPO / relative).exists()
         or (REPO / relative).read_text() != (tmp_path / relative).read_text()
     ]
@@ -52,11 +52,11 @@ def test_committed_files_match_the_types(tmp_path: Path) -> None:
 
 def test_check_mode_reports_stale_files(tmp_path: Path) -> None:
     args = argparse.Namespace(root=tmp_path, check=True)
-    assert cli.run(args) == 1
-    assert cli.run(argparse.Namespace(root=tmp_path, check=False)) == 0
-    assert cli.run(args) == 0
-    (tmp_path / "crds" / cli.crd_filename("glmservices")).write_text("edited")
-    assert cli.run(args) == 1
+    assert generate.run(args) == 1
+    assert generate.run(argparse.Namespace(root=tmp_path, check=False)) == 0
+    assert generate.run(args) == 0
+    (tmp_path / "crds" / generate.crd_filename("glmservices")).write_text("edited")
+    assert generate.run(args) == 1
 
 
 @pytest.mark.parametrize("kind", [GLMSERVICE_KIND, MODELVERSION_KIND], ids=lambda k: k.kind)
@@ -165,14 +165,14 @@ def test_modelversion_crd_shape() -> None:
 
 def test_chart_carries_the_same_crds() -> None:
     for plural in ("glmservices", "modelversions"):
-        name = cli.crd_filename(plural)
+        name = generate.crd_filename(plural)
         top = (REPO / "crds" / name).read_text()
         assert top == (REPO / "charts" / "glm-operator" / "files" / "crds" / name).read_text()
         assert yaml.safe_load(top)["kind"] == "CustomResourceDefinition"
 
 
 def test_api_reference_documents_the_version_fields() -> None:
-    text = cli.generated_files()[cli.API_DOC]
+    text = generate.generated_files()[generate.API_DOC]
     assert "`spec.modelVersion` and `status.stableModelVersion`" in text
     assert "EngineFormatMismatch" in text
     assert "### `spec.autoscaling.targets`" in text
