@@ -168,6 +168,9 @@ class Plan:
     memory: MemoryBreakdown
     kv_bytes_per_token: int  # whole model, one token, chosen KV types
     weights_basis: str
+    # The whole model's weights, every device's share together: what a replica reads from
+    # the cache while it loads (render sizes the startup probe from it when no size is known).
+    model_weights_bytes: int
     resources: Resources
     llamacpp: LlamaCppSettings | None = None
     vllm: VllmSettings | None = None
@@ -461,7 +464,7 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
             )
             for i, (lo, hi) in enumerate(spans)
         )
-    result = _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+    result = _finish(request, profile, breakdown, kv_per_token, weights, resources,
                      warnings, llamacpp=settings)
     return replace(result, per_node=per_node)
 
@@ -616,7 +619,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
             )
             for i, layers in enumerate(stages)
         )
-    result = _finish(request, profile, breakdown, kv_per_token, weights.basis, resources,
+    result = _finish(request, profile, breakdown, kv_per_token, weights, resources,
                      warnings, vllm=settings)
     return replace(result, per_node=per_node)
 
@@ -626,7 +629,7 @@ def _finish(
     profile: AcceleratorProfile,
     breakdown: MemoryBreakdown,
     kv_per_token: int,
-    weights_basis: str,
+    weights: mem.WeightsEstimate,
     resources: Resources,
     warnings: list[str],
     *,
@@ -641,7 +644,8 @@ def _finish(
         reason="",
         memory=breakdown,
         kv_bytes_per_token=kv_per_token,
-        weights_basis=weights_basis,
+        weights_basis=weights.basis,
+        model_weights_bytes=weights.bytes,
         resources=resources,
         llamacpp=llamacpp,
         vllm=vllm,

@@ -145,13 +145,13 @@ def model_relative_path(model_version: ModelVersion) -> str:
 
 
 def model_size_bytes(model_version: ModelVersion, plan: Plan) -> int:
-    """Measured size, else declared, else the planner's weight estimate."""
+    """Measured size, else declared, else the plan's weight estimate."""
     if model_version.status.size_bytes:
         return model_version.status.size_bytes
     facts = model_version.spec.facts
     if facts is not None and facts.size_bytes:
         return facts.size_bytes
-    return mem.weights_bytes(plan.request.facts, plan.request.quantization).bytes
+    return plan.model_weights_bytes
 
 
 # ---------------------------------------------------------------- security
