@@ -1,6 +1,7 @@
 """Reconcile benchmark: N GLMServices at once, side by side with a plain client loop.
 
     python -m bench.reconcile [--services 100,500,1000,2000] [--idle-seconds 60]
+                              [--baseline GIT_REF[,GIT_REF]]
 
 On the local control plane (started if needed) it measures, for each N of the curve, in one
 run:
@@ -15,8 +16,10 @@ run:
      (median of a few changes; it must not grow with N);
   7. the operator's peak RSS (target < 300 MiB at 2,000 services).
 Each N gets a fresh operator process and fresh namespaces, deleted (and waited for) before
-the next N. The figures go to docs/performance.md by hand; the script prints them, and one
-JSON line per N.
+the next N. `--baseline REF` adds, per N, an operator run from the package as of git REF
+before this tree's, against the same floor: a change measured against the code before it, in
+one run on one machine. The figures go to docs/performance.md by hand; the script prints
+them, and one JSON line per N and operator.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from bench.baseline import export_operator
 from e2e import cluster as local_cluster
 from e2e.kubectl import Kubectl, wait_for
 from e2e.operator_fixtures import CRDS, OperatorProcess, report_fetched
@@ -206,14 +212,23 @@ def single_change_seconds(client: Any, namespace: str, name: str, version: str,
     raise TimeoutError(f"GLMService {name} not re-reconciled within 300 s")
 
 
-def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> dict[str, Any]:
+def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int,
+            baselines: dict[str, Path]) -> list[dict[str, Any]]:
+    """The floor once, then each arm: the baselines' operators, then this tree's."""
     floor = run_floor(kubectl, mv, n)
     print(f"[{n}] floor: children created directly, all pods ready in {floor:.1f}s", flush=True)
+    arms: list[tuple[str, Path | None]] = [*baselines.items(), ("this tree", None)]
+    return [measure_operator(kubectl, mv, n, idle_seconds, floor, arm, package)
+            for arm, package in arms]
 
+
+def measure_operator(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int,
+                     floor: float, arm: str, package: Path | None) -> dict[str, Any]:
     from glm_operator.kube.client import KubeClient
 
     client = KubeClient.from_environment(str(kubectl.kubeconfig))
-    operator = OperatorProcess(kubectl, namespaces=("bench-op-*",))
+    operator = OperatorProcess(kubectl, namespaces=("bench-op-*",), package=package)
+    n_arm = f"{n} {arm}"
     try:
         wait_for(operator.alive, timeout=60, what="operator liveness")
         namespace = prepare_namespace(kubectl, "bench-op", mv)
@@ -233,7 +248,7 @@ def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> 
         per_reconcile = (api_requests(operator, ALL_VERBS) - requests_before) / max(runs, 1)
         coalesced = operator.metric("glm_operator_reconciles_total", kind="GLMService",
                                     result="coalesced")
-        print(f"[{n}] operator: GLMServices Ready in {elapsed:.1f}s; ratio "
+        print(f"[{n_arm}] operator: GLMServices Ready in {elapsed:.1f}s; ratio "
               f"{elapsed / floor:.2f} (target <= 1.2); {runs:.0f} reconciles, {coalesced:.0f} "
               f"events collapsed, {per_reconcile:.2f} API requests per reconcile", flush=True)
 
@@ -241,7 +256,7 @@ def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> 
         before = api_requests(operator, WRITE_VERBS)
         time.sleep(idle_seconds)
         idle_writes = api_requests(operator, WRITE_VERBS) - before
-        print(f"[{n}] API writes during {idle_seconds}s idle: {idle_writes:.0f} (target 0)",
+        print(f"[{n_arm}] API writes during {idle_seconds}s idle: {idle_writes:.0f} (target 0)",
               flush=True)
 
         step = max(1, n // SINGLE_CHANGES)
@@ -249,18 +264,19 @@ def measure(kubectl: Kubectl, mv: dict[str, Any], n: int, idle_seconds: int) -> 
                                          mv["metadata"]["name"], 4096)
                    for i in range(min(SINGLE_CHANGES, n))]
         single = statistics.median(changes)
-        print(f"[{n}] one changed service re-reconciled in {single:.2f}s (median of "
+        print(f"[{n_arm}] one changed service re-reconciled in {single:.2f}s (median of "
               f"{len(changes)}: {', '.join(f'{c:.2f}' for c in changes)})", flush=True)
         rss = peak_rss_mib(operator.proc.pid)
-        print(f"[{n}] operator peak RSS: {rss:.0f} MiB", flush=True)
-        result = {"services": n, "floor_s": round(floor, 1), "operator_s": round(elapsed, 1),
+        print(f"[{n_arm}] operator peak RSS: {rss:.0f} MiB", flush=True)
+        result = {"services": n, "arm": arm, "floor_s": round(floor, 1),
+                  "operator_s": round(elapsed, 1),
                   "ratio": round(elapsed / floor, 2), "reconciles": runs,
                   "coalesced": coalesced, "requests_per_reconcile": round(per_reconcile, 2),
                   "idle_seconds": idle_seconds, "idle_writes": idle_writes,
                   "single_change_s": round(single, 2), "peak_rss_mib": round(rss)}
         print(json.dumps(result), flush=True)
     except BaseException:
-        print(f"[{n}] operator log:\n{operator.tail(60)}", flush=True)
+        print(f"[{n_arm}] operator log:\n{operator.tail(60)}", flush=True)
         raise
     finally:
         operator.stop()
@@ -274,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", default="100",
                         help="comma-separated counts, measured in this order (the curve)")
     parser.add_argument("--idle-seconds", type=int, default=60)
+    parser.add_argument("--baseline", metavar="GIT_REF[,GIT_REF]", default="",
+                        help="also run the operator as of these git revisions, side by side")
     args = parser.parse_args(argv)
     counts = [int(part) for part in args.services.split(",")]
 
@@ -281,14 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     kubectl.apply_files(CRDS, field_manager="bench")
     nodes = bench_nodes(kubectl, pods_per_node=max(110, 2 * max(counts) // BENCH_NODES + 10))
     mv = yaml.safe_load((EXAMPLE / "modelversion.yaml").read_text())
+    work = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
+    baselines = {f"baseline {ref}": export_operator(ref, work / ref)
+                 for ref in filter(None, args.baseline.split(","))}
     try:
-        results = [measure(kubectl, mv, n, args.idle_seconds) for n in counts]
+        results = [r for n in counts for r in measure(kubectl, mv, n, args.idle_seconds,
+                                                      baselines)]
     finally:
         kubectl("delete", "node", *nodes, check=False)
-    print("\n| N | floor | operator | ratio | requests/reconcile | idle writes | "
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| N | operator | floor | operator | ratio | requests/reconcile | idle writes | "
           "single change | peak RSS |")
     for r in results:
-        print(f"| {r['services']} | {r['floor_s']} s | {r['operator_s']} s | {r['ratio']} | "
+        print(f"| {r['services']} | {r['arm']} | {r['floor_s']} s | {r['operator_s']} s | "
+              f"{r['ratio']} | "
               f"{r['requests_per_reconcile']} | {r['idle_writes']:.0f} in {r['idle_seconds']} s "
               f"| {r['single_change_s']} s | {r['peak_rss_mib']} MiB |")
     return 0

@@ -43,15 +43,18 @@ def glm_crds(kubectl: Kubectl) -> list[str]:
 
 class OperatorProcess:
     def __init__(self, kubectl: Kubectl, namespaces: tuple[str, ...] = ("e2e-*",),
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), package: Path | None = None) -> None:
         # Scoped by namespace glob so the tests, the benchmark and the demo can each run an
         # operator on the shared local cluster without two of them managing one object.
+        # `package`: run the operator from another copy of operator/ (a bench's baseline).
         self.metrics_port = free_port()
         self.liveness_port = free_port()
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (lives as long as the process)
             prefix="glm-operator-", suffix=".log", delete=False)
         env = kubectl.env()
         env["PYTHONUNBUFFERED"] = "1"
+        if package is not None:
+            env["PYTHONPATH"] = str(package)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "glm_operator.cli", "run",
              *(arg for ns in namespaces for arg in ("--namespace", ns)),
