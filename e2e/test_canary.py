@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from glm_operator.controllers.rollout import size_for_weight
+from glm_operator.decide.rollout import size_for_weight
 
 from e2e.gateway_standin import GatewayStandIn, gateway_standins
 from e2e.kubectl import Kubectl, wait_for

@@ -611,7 +611,7 @@ def _known_metrics() -> set[str]:
     from prometheus_client import REGISTRY
 
     for module in ("glm_operator.controllers.metrics", "glm_operator.kube.client",
-                   "glm_operator.kube.lease", "glm_operator.controllers.rollout"):
+                   "glm_operator.kube.lease", "glm_operator.decide.rollout"):
         with contextlib.suppress(ImportError):  # rollout.py: the rollout counter, once there
             importlib.import_module(module)
     names = set()

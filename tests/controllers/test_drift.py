@@ -3,7 +3,7 @@ report drift that is only server-side defaulting."""
 
 from __future__ import annotations
 
-from glm_operator.controllers.drift import holds_intent, object_holds_intent
+from glm_operator.decide.drift import holds_intent, object_holds_intent
 
 DESIRED = {
     "apiVersion": "apps/v1",
@@ -67,7 +67,7 @@ def test_scalars_compare_by_value_not_type_mixing_bools() -> None:
 
 
 def test_merge_patch_removes_what_is_gone_and_sets_what_changed() -> None:
-    from glm_operator.controllers.drift import merge_patch
+    from glm_operator.decide.drift import merge_patch
 
     old = {"rollout": {"phase": "Progressing", "weight": 10}, "plan": {"a": 1, "b": 2},
            "replicas": 2}
@@ -78,7 +78,7 @@ def test_merge_patch_removes_what_is_gone_and_sets_what_changed() -> None:
 
 
 def test_the_first_differing_field_is_named() -> None:
-    from glm_operator.controllers.drift import first_difference
+    from glm_operator.decide.drift import first_difference
 
     live = live_copy()
     live["spec"]["template"]["spec"]["containers"][0]["args"][1] = "4096"
@@ -95,7 +95,7 @@ def test_the_first_differing_field_is_named() -> None:
 
 def _applied(obj: dict) -> dict:
     """What the cluster holds after the operator applied `obj`: its fields plus defaults."""
-    from glm_operator.controllers.drift import with_intent_hash
+    from glm_operator.decide.drift import with_intent_hash
 
     live = live_copy()
     live["metadata"] = {**live["metadata"], **with_intent_hash(obj)["metadata"]}
@@ -103,7 +103,7 @@ def _applied(obj: dict) -> dict:
 
 
 def test_a_field_removed_from_the_intent_is_drift_although_live_holds_the_rest() -> None:
-    from glm_operator.controllers.drift import DriftReason, drift, with_intent_hash
+    from glm_operator.decide.drift import DriftReason, drift, with_intent_hash
 
     before = {**DESIRED, "metadata": {**DESIRED["metadata"], "labels": {"a": "1", "team": "x"}}}
     live = _applied(before)
@@ -116,7 +116,7 @@ def test_a_field_removed_from_the_intent_is_drift_although_live_holds_the_rest()
 
 
 def test_someone_elses_edit_is_live_drift_and_a_new_render_is_intent_drift() -> None:
-    from glm_operator.controllers.drift import DriftReason, drift, with_intent_hash
+    from glm_operator.decide.drift import DriftReason, drift, with_intent_hash
 
     desired = with_intent_hash(DESIRED)
     live = _applied(DESIRED)
@@ -132,7 +132,7 @@ def test_someone_elses_edit_is_live_drift_and_a_new_render_is_intent_drift() -> 
 
 
 def test_the_hash_ignores_server_metadata_status_and_itself() -> None:
-    from glm_operator.controllers.drift import intent_hash, with_intent_hash
+    from glm_operator.decide.drift import intent_hash, with_intent_hash
 
     assert intent_hash(with_intent_hash(DESIRED)) == intent_hash(DESIRED)
     served = {**DESIRED, "status": {"readyReplicas": 1},

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from glm_operator.api.glmservice import LongContext
 from glm_operator.api.glmservice_status import PoolStatus
-from glm_operator.controllers.long_context import (
+from glm_operator.decide.long_context import (
     ActivityReading,
     decide_idle,
     needs_reading,

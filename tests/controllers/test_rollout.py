@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from glm_operator.api import AnalysisResult, Rollout, RolloutStatus
-from glm_operator.controllers.rollout import (
+from glm_operator.decide.rollout import (
     NewVersion,
     RolloutDecision,
     RolloutInputs,

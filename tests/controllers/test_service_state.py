@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from glm_operator.api import AnalysisResult
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers.long_context import ActivityReading
+from glm_operator.decide.long_context import ActivityReading
 from glm_operator.controllers.service_state import (
     ServiceDecision,
     decide_service,

@@ -28,7 +28,7 @@ from glm_operator.analysis.prometheus import PrometheusError, query_scalar
 from glm_operator.api import AnalysisResult, GLMService, GLMServiceStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
-from glm_operator.controllers.drift import (
+from glm_operator.decide.drift import (
     Drift,
     DriftReason,
     drift,
@@ -37,8 +37,8 @@ from glm_operator.controllers.drift import (
 )
 from glm_operator.controllers.handling_watch import WATCH
 from glm_operator.controllers.key_queue import KeyQueue
-from glm_operator.controllers.long_context import ActivityReading
-from glm_operator.controllers.model_version_state import decide_model_version, services_using
+from glm_operator.decide.long_context import ActivityReading
+from glm_operator.decide.model_version import decide_model_version, services_using
 from glm_operator.controllers.relists import (
     WATCH_ID_SUFFIX,
     Ghost,
@@ -46,7 +46,7 @@ from glm_operator.controllers.relists import (
     Sweeper,
     WatchedKind,
 )
-from glm_operator.controllers.rollout import analysis_window, gates
+from glm_operator.decide.rollout import analysis_window, gates
 from glm_operator.controllers.scope import in_scope, list_namespaces
 from glm_operator.controllers.service_state import decide_service, long_context_reading_due
 from glm_operator.controllers.wakeups import Wakeups

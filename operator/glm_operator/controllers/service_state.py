@@ -38,8 +38,8 @@ from glm_operator.api.conditions import Condition, remove_condition
 from glm_operator.api.glmservice import Autoscaling, GLMServiceSpec
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers import rollout as rollouts
-from glm_operator.controllers.long_context import (
+from glm_operator.decide import rollout as rollouts
+from glm_operator.decide.long_context import (
     ActivityReading,
     decide_idle,
     needs_reading,
