@@ -275,12 +275,61 @@ _CONFIG_KEYS: dict[str, str] = {
 }
 
 
+# The type of each operator-config field, checked before the value reaches the dataclass (a
+# string where a number belongs would otherwise pass, or fail deep inside the planner). The
+# chart's values.schema.json states the same rules (tests/chart pins the two together).
+# key -> its minimum (memory and maxDevicesPerNode: checked by the profile itself)
+_INTEGER_KEYS: dict[str, int | None] = {"memoryBytes": None, "memoryMiB": None,
+                                        "maxDevicesPerNode": None, "runtimeOverheadBytes": 0,
+                                        "cpuCores": 1}
+_BOOLEAN_KEYS = frozenset({"flashAttention", "bf16", "fp8"})
+_STRING_KEYS = frozenset({"basedOn", "vendor", "resourceName", "description"})
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Exists", "Equal")
+
+
+def _check_type(name: str, key: str, value: Any) -> None:
+    if key in _INTEGER_KEYS:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"profile {name}: {key} must be an integer, not {value!r}")
+        minimum = _INTEGER_KEYS[key]
+        if minimum is not None and value < minimum:
+            raise ValueError(f"profile {name}: {key} must be >= {minimum}, not {value}")
+    elif key in _BOOLEAN_KEYS and not isinstance(value, bool):
+        raise ValueError(f"profile {name}: {key} must be true or false, not {value!r}")
+    elif key in _STRING_KEYS and not isinstance(value, str):
+        raise ValueError(f"profile {name}: {key} must be a string, not {value!r}")
+    elif key in ("engines", "tolerations") and not isinstance(value, list | tuple):
+        raise ValueError(f"profile {name}: {key} must be a list, not {value!r}")
+    elif key in ("images", "nodeLabels") and not isinstance(value, Mapping):
+        raise ValueError(f"profile {name}: {key} must be a mapping, not {value!r}")
+
+
+def _toleration(name: str, entry: Any) -> Toleration:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("key"), str):
+        raise ValueError(f"profile {name}: each toleration needs a key (a string)")
+    unknown = sorted(set(entry) - {"key", "effect", "operator", "value"})
+    if unknown:
+        raise ValueError(f"profile {name}: unknown toleration field(s) {', '.join(unknown)}")
+    toleration = Toleration(key=entry["key"], effect=str(entry.get("effect", "NoSchedule")),
+                            operator=str(entry.get("operator", "Exists")),
+                            value=entry.get("value"))
+    if toleration.effect not in TOLERATION_EFFECTS:
+        raise ValueError(f"profile {name}: toleration effect must be one of "
+                         f"{', '.join(TOLERATION_EFFECTS)}, not {toleration.effect!r}")
+    if toleration.operator not in TOLERATION_OPERATORS:
+        raise ValueError(f"profile {name}: toleration operator must be one of "
+                         f"{', '.join(TOLERATION_OPERATORS)}, not {toleration.operator!r}")
+    return toleration
+
+
 def _profile_fields(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(spec) - set(_CONFIG_KEYS) - {"basedOn"})
     if unknown:
         raise ValueError(f"profile {name}: unknown field(s) {', '.join(unknown)}")
     out: dict[str, Any] = {}
     for key, value in spec.items():
+        _check_type(name, key, value)
         if key == "basedOn":
             continue
         target = _CONFIG_KEYS[key]
@@ -292,15 +341,7 @@ def _profile_fields(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
                 for k, v in dict(value).items()
             }
         elif key == "tolerations":
-            value = tuple(
-                Toleration(
-                    key=str(t["key"]),
-                    effect=str(t.get("effect", "NoSchedule")),
-                    operator=str(t.get("operator", "Exists")),
-                    value=t.get("value"),
-                )
-                for t in value
-            )
+            value = tuple(_toleration(name, t) for t in value)
         elif key == "engines":
             value = tuple(value)
         elif key == "images":
