@@ -1,5 +1,6 @@
-"""The gateway's settings: one frozen dataclass, filled from CLI flags whose defaults come from
-`GLM_GATEWAY_*` environment variables (the renderer may set either)."""
+"""The gateway's settings: one frozen dataclass, filled from the flags of flags.py, whose
+defaults come from their `GLM_GATEWAY_*` environment variables (the renderer may set
+either)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from glm_operator.gateway.flags import (
+    BY_DEST,
+    FLAGS,
+    ON_UNAVAILABLE,
+    Flag,
+    OnUnavailable,
+    Pool,
+)
+from glm_operator.gateway.flags import POOLS as POOLS
+from glm_operator.gateway.flags import REDIS_PASSWORD_ENV as REDIS_PASSWORD_ENV
 from glm_operator.gateway.relay import EngineAddress
 
-Pool = Literal["main", "long-context"]
-POOLS: tuple[Pool, ...] = ("main", "long-context")
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True)
@@ -30,13 +39,6 @@ class WakeConfig:
     timeout_seconds: float = 300.0
     poll_seconds: float = 0.5
     retry_after_seconds: int = 30
-
-
-OnUnavailable = Literal["allow", "deny"]
-ON_UNAVAILABLE: tuple[OnUnavailable, ...] = ("allow", "deny")
-# Only from the environment (a Secret's key, in the pod): a flag would show in the pod spec
-# and in `ps`.
-REDIS_PASSWORD_ENV = "GLM_GATEWAY_RATE_LIMIT_REDIS_PASSWORD"
 
 
 @dataclass(frozen=True)
@@ -144,132 +146,52 @@ def check_socket_name(name: str) -> None:
                          "the most a Unix socket address holds")
 
 
-def _env(name: str, default: str = "") -> str:
-    return os.environ.get(f"GLM_GATEWAY_{name}", default)
+def _env_default(flag: Flag) -> Any:
+    """What the flag is when not given: its environment variable, else its default. An empty
+    variable is unset, except for text whose default is text (`--kube-ca-path ""`)."""
+    raw = os.environ.get(flag.env)
+    if flag.kind in ("switch", "off"):
+        return raw.lower() in TRUE_WORDS if raw else flag.default
+    if raw is None or (raw == "" and not (flag.value_type is str
+                                           and isinstance(flag.default, str))):
+        return flag.default_from() if flag.default_from is not None else flag.default
+    return flag.value_type(raw)
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    raw = _env(name)
-    if not raw:
-        return default
-    return raw.lower() in {"1", "true", "yes", "on"}
-
-
-def _default_namespace() -> str:
-    path = SERVICE_ACCOUNT_DIR / "namespace"
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "default"
-
-
-def _default_api_server() -> str:
-    host = os.environ.get("KUBERNETES_SERVICE_HOST", "kubernetes.default.svc")
-    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    return f"https://{host}:{port}"
+def _env_note(flag: Flag) -> str:
+    if flag.kind == "repeated":
+        return f"[{flag.env}, newline-separated]"
+    if flag.kind == "off":
+        return f"[{flag.env}=false]"
+    return f"[{flag.env}]"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--host", default=_env("HOST", "0.0.0.0"), help="listen address [GLM_GATEWAY_HOST]")
-    add("--port", type=int, default=int(_env("PORT", "8080")),
-        help="listen port [GLM_GATEWAY_PORT]")
-    add("--engine-url", default=_env("ENGINE_URL", "http://127.0.0.1:8081"),
-        help="the engine container's base URL [GLM_GATEWAY_ENGINE_URL]")
-    add("--engine-socket", default=_env("ENGINE_SOCKET") or None, metavar="PATH|@NAME",
-        help="a Unix socket the engine also listens on: answers and streams go over it, "
-             "probes and warm-up over --engine-url; a connection it refuses goes over TCP "
-             "[GLM_GATEWAY_ENGINE_SOCKET]")
-    add("--service-name", default=_env("SERVICE_NAME"), required=not _env("SERVICE_NAME"),
-        help="the GLMService name; the model id in /v1/models [GLM_GATEWAY_SERVICE_NAME]")
-    add("--model-version", default=_env("MODEL_VERSION"),
-        help="the ModelVersion served; a metrics label [GLM_GATEWAY_MODEL_VERSION]")
-    add("--pool", choices=POOLS, default=_env("POOL", "main"), help="[GLM_GATEWAY_POOL]")
-    add("--context-length", type=int, default=int(_env("CONTEXT_LENGTH", "0")),
-        help="context per request the engine serves; 0 reads it from the engine "
-             "[GLM_GATEWAY_CONTEXT_LENGTH]")
-    add("--engine-slots", type=int, default=int(_env("ENGINE_SLOTS", "0")),
-        help="requests the engine runs at once (llama.cpp --parallel, vLLM --max-num-seqs); "
-             "requests beyond it count as queued [GLM_GATEWAY_ENGINE_SLOTS]")
-    add("--long-context-url", default=_env("LONG_CONTEXT_URL") or None,
-        help="the long-context pool's Service URL; requests too long for this engine go there "
-             "[GLM_GATEWAY_LONG_CONTEXT_URL]")
-    add("--long-context-deployment", default=_env("LONG_CONTEXT_DEPLOYMENT") or None,
-        help="the long-context Deployment to scale from zero [GLM_GATEWAY_LONG_CONTEXT_DEPLOYMENT]")
-    add("--long-context-health-path", default=_env("LONG_CONTEXT_HEALTH_PATH", "/readyz"),
-        help="path polled on the long-context URL while it wakes "
-             "[GLM_GATEWAY_LONG_CONTEXT_HEALTH_PATH]")
-    add("--wake-timeout", type=float, default=float(_env("WAKE_TIMEOUT", "300")),
-        help="seconds a long request waits for the long-context pool; the operator sets it "
-             "from the pool's planned load time [GLM_GATEWAY_WAKE_TIMEOUT]")
-    add("--activity-lease", default=_env("ACTIVITY_LEASE") or None,
-        help="the long-context pool's activity Lease: renewed while this long-context gateway "
-             "serves, or when this main-pool gateway wakes the pool [GLM_GATEWAY_ACTIVITY_LEASE]")
-    add("--namespace", default=_env("NAMESPACE") or _default_namespace(),
-        help="namespace of the long-context Deployment and its activity Lease "
-             "[GLM_GATEWAY_NAMESPACE]")
-    add("--kube-api-server", default=_env("KUBE_API_SERVER") or _default_api_server(),
-        help="API server URL for the scale and Lease calls [GLM_GATEWAY_KUBE_API_SERVER]")
-    add("--kube-token-path", type=Path,
-        default=Path(_env("KUBE_TOKEN_PATH", str(SERVICE_ACCOUNT_DIR / "token"))),
-        help="ServiceAccount token file, re-read on each call [GLM_GATEWAY_KUBE_TOKEN_PATH]")
-    add("--kube-ca-path", default=_env("KUBE_CA_PATH", str(SERVICE_ACCOUNT_DIR / "ca.crt")),
-        help="CA bundle for the API server; empty disables verification (tests only) "
-             "[GLM_GATEWAY_KUBE_CA_PATH]")
-    add("--api-keys", type=Path, default=Path(p) if (p := _env("API_KEYS")) else None,
-        help="a mounted Secret directory (each file one key) or a file (one key per line); "
-             "unset disables auth [GLM_GATEWAY_API_KEYS]")
-    add("--rate-limit-rps", type=float, default=float(_env("RATE_LIMIT_RPS", "0")),
-        help="requests per second per key, 0 = unlimited [GLM_GATEWAY_RATE_LIMIT_RPS]")
-    add("--rate-limit-burst", type=int, default=int(_env("RATE_LIMIT_BURST", "0")),
-        help="token bucket size per key; 0 = max(1, ceil(rps)) [GLM_GATEWAY_RATE_LIMIT_BURST]")
-    add("--rate-limit-tokens-per-minute", type=int,
-        default=int(_env("RATE_LIMIT_TOKENS_PER_MINUTE", "0")),
-        help="prompt + completion tokens per minute per key, charged from each answer's usage; "
-             "0 = unlimited [GLM_GATEWAY_RATE_LIMIT_TOKENS_PER_MINUTE]")
-    add("--rate-limit-redis", default=_env("RATE_LIMIT_REDIS") or None, metavar="HOST:PORT",
-        help="a Redis shared by every replica of the service: the limits then hold for the "
-             "service, not per pod; its password comes from $" + REDIS_PASSWORD_ENV +
-             " only [GLM_GATEWAY_RATE_LIMIT_REDIS]")
-    add("--rate-limit-redis-tls", action="store_true",
-        default=_env_bool("RATE_LIMIT_REDIS_TLS", False),
-        help="talk TLS to the Redis, verified against the system CAs "
-             "[GLM_GATEWAY_RATE_LIMIT_REDIS_TLS]")
-    add("--rate-limit-store-unavailable", choices=ON_UNAVAILABLE,
-        default=_env("RATE_LIMIT_STORE_UNAVAILABLE", "allow"),
-        help="when the Redis does not answer in time: allow = count in this pod's own "
-             "buckets, deny = 503 [GLM_GATEWAY_RATE_LIMIT_STORE_UNAVAILABLE]")
-    add("--rate-limit-store-timeout", type=float,
-        default=float(_env("RATE_LIMIT_STORE_TIMEOUT", "0.05")),
-        help="seconds the Redis may take per request before it counts as unavailable "
-             "[GLM_GATEWAY_RATE_LIMIT_STORE_TIMEOUT]")
-    add("--max-body-bytes", type=int, default=int(_env("MAX_BODY_BYTES", str(4 * 1024 * 1024))),
-        help="request body limit, 413 above it [GLM_GATEWAY_MAX_BODY_BYTES]")
-    add("--stop", action="append", default=None,
-        help="a stop sequence of the model, added to every request (repeatable) "
-             "[GLM_GATEWAY_STOP, newline-separated]")
-    add("--audit", default=_env("AUDIT", "off"),
-        help="off | stdout | a file path: one JSON line per request [GLM_GATEWAY_AUDIT]")
-    add("--audit-include-text", action="store_true",
-        default=_env_bool("AUDIT_INCLUDE_TEXT", False),
-        help="also write prompt and completion text [GLM_GATEWAY_AUDIT_INCLUDE_TEXT]")
-    add("--connect-timeout", type=float, default=float(_env("CONNECT_TIMEOUT", "2")),
-        help="seconds to connect to the engine before 503 [GLM_GATEWAY_CONNECT_TIMEOUT]")
-    add("--engine-health-timeout", type=float,
-        default=float(_env("ENGINE_HEALTH_TIMEOUT", "2")),
-        help="seconds the engine's /health may take before /enginez and /readyz answer 503 "
-             "[GLM_GATEWAY_ENGINE_HEALTH_TIMEOUT]")
-    add("--read-timeout", type=float, default=float(_env("READ_TIMEOUT", "600")),
-        help="seconds without a byte from the engine before 504 [GLM_GATEWAY_READ_TIMEOUT]")
-    add("--kv-cache-poll-seconds", type=float,
-        default=float(_env("KV_CACHE_POLL_SECONDS", "5")),
-        help="seconds between readings of the engine's KV-cache use (the "
-             "glm_gateway_kv_cache_usage_ratio gauge); 0 disables "
-             "[GLM_GATEWAY_KV_CACHE_POLL_SECONDS]")
-    add("--no-warmup", dest="warmup", action="store_false", default=_env_bool("WARMUP", True),
-        help="report ready without a warm-up request [GLM_GATEWAY_WARMUP=false]")
+    """The table of flags (flags.py), with their environment variables as defaults."""
+    for flag in FLAGS:
+        options: dict[str, Any] = {"help": f"{flag.help} {_env_note(flag)}".lstrip()}
+        if flag.kind == "switch":
+            options.update(action="store_true", default=_env_default(flag))
+        elif flag.kind == "off":
+            options.update(action="store_false", dest=flag.dest, default=_env_default(flag))
+        elif flag.kind == "repeated":
+            # The environment's list is read in from_args: given flags replace it, not add.
+            options.update(action="append", default=None)
+        else:
+            default = _env_default(flag)
+            options.update(default=default,
+                           required=flag.required and not os.environ.get(flag.env))
+            if flag.value_type is not str:
+                options["type"] = flag.value_type
+            if flag.choices is not None:
+                options["choices"] = flag.choices
+            if flag.metavar is not None:
+                options["metavar"] = flag.metavar
+        parser.add_argument(flag.name, **options)
+
+
+def _repeated_from_env(flag: Flag) -> list[str]:
+    return [item for item in os.environ.get(flag.env, "").split("\n") if item]
 
 
 def _api_access(args: argparse.Namespace) -> dict[str, Any]:
@@ -280,7 +202,7 @@ def _api_access(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def from_args(args: argparse.Namespace) -> GatewayConfig:
-    stops = args.stop if args.stop is not None else [s for s in _env("STOP").split("\n") if s]
+    stops = args.stop if args.stop is not None else _repeated_from_env(BY_DEST["stop"])
     wake = None
     if args.long_context_deployment:
         if not args.long_context_url:

@@ -11,6 +11,7 @@ import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +19,7 @@ from glm_operator.api.base import duration_seconds
 from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig
-from glm_operator.gateway.config import REDIS_PASSWORD_ENV
+from glm_operator.gateway import flags as gateway_flags
 from glm_operator.planning import memory as mem
 from glm_operator.planning.planner import Plan
 from glm_operator.render.ascend import (
@@ -362,28 +363,26 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
     }
 
 
-def rate_limit_args(service: GLMService) -> list[str]:
+def rate_limit_flags(service: GLMService) -> dict[str, Any]:
     """requestsPerMinute -> the gateway's per-second bucket (burst defaults to 10 s worth);
     tokensPerMinute -> its per-key token budget (prompt + completion, charged from usage)."""
     limit = service.spec.gateway.rate_limit
     if limit is None:
-        return []
-    args: list[str] = []
+        return {}
+    flags: dict[str, Any] = {}
     if limit.requests_per_minute is not None:
-        rps = limit.requests_per_minute / 60
-        burst = limit.burst or max(1, limit.requests_per_minute // 6)
-        args += ["--rate-limit-rps", f"{rps:.6g}", "--rate-limit-burst", str(burst)]
+        flags["rate_limit_rps"] = limit.requests_per_minute / 60
+        flags["rate_limit_burst"] = limit.burst or max(1, limit.requests_per_minute // 6)
     if limit.tokens_per_minute is not None:
-        args += ["--rate-limit-tokens-per-minute", str(limit.tokens_per_minute)]
+        flags["rate_limit_tokens_per_minute"] = limit.tokens_per_minute
     store = limit.store
     if store is not None:
         # The password is not here: rate_limit_env passes it from its Secret.
-        args += ["--rate-limit-redis", store.redis.address,
-                 "--rate-limit-store-unavailable", store.on_unavailable.lower(),
-                 "--rate-limit-store-timeout", f"{duration_seconds(store.timeout):g}"]
-        if store.redis.tls:
-            args.append("--rate-limit-redis-tls")
-    return args
+        flags["rate_limit_redis"] = store.redis.address
+        flags["rate_limit_store_unavailable"] = store.on_unavailable.lower()
+        flags["rate_limit_store_timeout"] = duration_seconds(store.timeout)
+        flags["rate_limit_redis_tls"] = store.redis.tls
+    return flags
 
 
 def rate_limit_env(service: GLMService) -> list[dict[str, Any]]:
@@ -393,7 +392,7 @@ def rate_limit_env(service: GLMService) -> list[dict[str, Any]]:
     secret = limit.store.redis.password_secret if limit and limit.store else None
     if secret is None:
         return []
-    return [{"name": REDIS_PASSWORD_ENV,
+    return [{"name": gateway_flags.REDIS_PASSWORD_ENV,
              "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}]
 
 
@@ -405,41 +404,43 @@ def engine_context_and_slots(plan: Plan) -> tuple[int, int]:
     raise RenderInputError("plan has neither llama.cpp nor vLLM settings")
 
 
-def gateway_container(ctx: PoolContext) -> dict[str, Any]:
+def gateway_flag_values(ctx: PoolContext) -> dict[str, Any]:
+    """What the gateway is told, by flag (gateway/flags.py: None, False or [] leave a flag
+    out); the order is the arguments' order."""
     config = ctx.config
     context, slots = engine_context_and_slots(ctx.plan)
     gw = ctx.service.spec.gateway
-    args = [
-        "gateway",
-        "--port", str(config.gateway_port),
-        "--engine-url", f"http://127.0.0.1:{config.engine_port}",
-        "--service-name", ctx.service_name,
-        "--model-version", ctx.version,
-        "--pool", ctx.pool,
-        "--namespace", ctx.namespace,
-        "--context-length", str(context),
-        "--engine-slots", str(slots),
-    ]  # fmt: skip
-    if (socket := engine_socket(ctx.plan)) is not None:
-        args += ["--engine-socket", socket]
+    flags: dict[str, Any] = {
+        "port": config.gateway_port,
+        "engine_url": f"http://127.0.0.1:{config.engine_port}",
+        "service_name": ctx.service_name,
+        "model_version": ctx.version,
+        "pool": ctx.pool,
+        "namespace": ctx.namespace,
+        "context_length": context,
+        "engine_slots": slots,
+        "engine_socket": engine_socket(ctx.plan),
+    }
     if ctx.long_context_url and ctx.long_context_deployment:
-        args += ["--long-context-url", ctx.long_context_url,
-                 "--long-context-deployment", ctx.long_context_deployment]
-        if ctx.wake_timeout_seconds is not None:
-            args += ["--wake-timeout", str(ctx.wake_timeout_seconds)]
-    if ctx.activity_lease:
-        args += ["--activity-lease", ctx.activity_lease]
+        flags["long_context_url"] = ctx.long_context_url
+        flags["long_context_deployment"] = ctx.long_context_deployment
+        flags["wake_timeout"] = ctx.wake_timeout_seconds
+    flags["activity_lease"] = ctx.activity_lease or None
+    flags["api_keys"] = Path(API_KEYS_MOUNT) if gw.api_keys_secret else None
+    flags.update(rate_limit_flags(ctx.service))
+    flags["stop"] = list(stop_sequences(ctx.plan.request.facts.architecture))
+    flags["audit"] = "stdout" if gw.audit.enabled else "off"
+    flags["audit_include_text"] = gw.audit.enabled and gw.audit.include_prompts
+    return flags
+
+
+def gateway_container(ctx: PoolContext) -> dict[str, Any]:
+    config = ctx.config
     mounts: list[dict[str, Any]] = [{"name": "gateway-tmp", "mountPath": "/tmp"}]
-    if gw.api_keys_secret:
-        args += ["--api-keys", API_KEYS_MOUNT]
+    if ctx.service.spec.gateway.api_keys_secret:
         # A directory mount (no subPath): the kubelet updates it when keys rotate.
         mounts.append({"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True})
-    args += rate_limit_args(ctx.service)
-    for stop in stop_sequences(ctx.plan.request.facts.architecture):
-        args += ["--stop", stop]
-    args += ["--audit", "stdout" if gw.audit.enabled else "off"]
-    if gw.audit.enabled and gw.audit.include_prompts:
-        args.append("--audit-include-text")
+    args = ["gateway", *gateway_flags.write(gateway_flag_values(ctx))]
     env = rate_limit_env(ctx.service)
     return {
         "name": GATEWAY_CONTAINER,
