@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
-from glm_operator.gateway.config import REDIS_PASSWORD_ENV
+from glm_operator.gateway.flags import REDIS_PASSWORD_ENV
 
 from bench.gateway import Sample, _load
 from e2e.gateway_process import GatewayProcess

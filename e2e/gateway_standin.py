@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import pytest
-from glm_operator.gateway.metrics import GatewayMetrics
+from glm_operator.gateway.policy.metrics import GatewayMetrics
 from prometheus_client import start_http_server
 
 from e2e.prometheus import PrometheusServer

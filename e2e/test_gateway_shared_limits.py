@@ -22,10 +22,10 @@ import pytest
 import redis
 import trustme
 from glm_operator.gateway.config import REDIS_PASSWORD_ENV, RateLimitStoreConfig
-from glm_operator.gateway.keys import key_id
-from glm_operator.gateway.limits import KeyLimits
 from glm_operator.gateway.metrics import RATE_LIMIT_STORE_ERRORS_TOTAL, RATE_LIMIT_STORE_UP
-from glm_operator.gateway.ratelimit_store import (
+from glm_operator.gateway.policy.keys import key_id
+from glm_operator.gateway.policy.limits import KeyLimits
+from glm_operator.gateway.policy.ratelimit_store import (
     ADMITTED,
     Limits,
     RedisBuckets,

@@ -8,7 +8,11 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from glm_operator.gateway.activity import ActivityMarker, renewal_interval, seconds_until_renewal
+from glm_operator.gateway.pools.activity import (
+    ActivityMarker,
+    renewal_interval,
+    seconds_until_renewal,
+)
 
 
 @pytest.mark.parametrize(("now", "last", "pending", "in_flight", "expected"), [

@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from glm_operator.gateway.http import (
+from glm_operator.gateway.wire.http import (
     HttpServer,
     Request,
     Response,

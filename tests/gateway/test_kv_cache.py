@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from glm_operator.gateway.config import GatewayConfig
-from glm_operator.gateway.kv_cache import llamacpp_usage, vllm_usage
+from glm_operator.gateway.pools.kv_cache import llamacpp_usage, vllm_usage
 
 from .test_server import gateway_client
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from glm_operator.gateway import config as gateway_config
-from glm_operator.gateway.audit import AuditLog, AuditRecord
-from glm_operator.gateway.keys import ApiKeyStore, key_id
-from glm_operator.gateway.ratelimit import IDLE_EVICT_SECONDS, RateLimiter, TokenBudget
+from glm_operator.gateway.openai.usage import context_overflow, token_counts
+from glm_operator.gateway.policy.audit import AuditLog, AuditRecord
+from glm_operator.gateway.policy.keys import ApiKeyStore, key_id
+from glm_operator.gateway.policy.ratelimit import IDLE_EVICT_SECONDS, RateLimiter, TokenBudget
 from glm_operator.gateway.server import CLIENT_CLOSED, tokens_to_charge
-from glm_operator.gateway.usage import context_overflow, token_counts
 
 
 class Clock:

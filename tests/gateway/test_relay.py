@@ -20,8 +20,8 @@ from typing import cast
 import aiohttp
 import pytest
 import uvloop
-from glm_operator.gateway.engine_pool import EnginePool
-from glm_operator.gateway.relay import (
+from glm_operator.gateway.wire.engine_pool import EnginePool
+from glm_operator.gateway.wire.relay import (
     ChunkedBody,
     EngineAddress,
     EngineHead,
@@ -478,9 +478,9 @@ def test_a_socket_that_refuses_leaves_answers_on_tcp_and_says_so_once(
             await client.close()
             tcp.close()
 
-    with caplog.at_level(logging.INFO, logger="glm_operator.gateway.relay"):
+    with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.relay"):
         LOOPS[loop](scenario())
-    said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.relay"]
+    said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.wire.relay"]
     assert said == [f"the engine's socket {name} refused ([Errno 111] Connection refused): "
                     "its answers go over TCP", f"the engine's socket {name} accepts again"]
 
@@ -518,10 +518,10 @@ def test_a_socket_whose_accept_queue_is_full_leaves_that_connection_on_tcp(
             tcp.close()
 
     try:
-        with caplog.at_level(logging.INFO, logger="glm_operator.gateway.relay"):
+        with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.relay"):
             LOOPS[loop](scenario())
     finally:
         for sock in queued:
             sock.close()
         listener.close()
-    assert not [r for r in caplog.records if r.name == "glm_operator.gateway.relay"]
+    assert not [r for r in caplog.records if r.name == "glm_operator.gateway.wire.relay"]

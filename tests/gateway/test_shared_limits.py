@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 import pytest
 from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.config import RateLimitStoreConfig, split_address
-from glm_operator.gateway.errors import GatewayError
-from glm_operator.gateway.limits import KeyLimits, error_reason
-from glm_operator.gateway.metrics import (
-    RATE_LIMIT_STORE_ERRORS_TOTAL,
-    RATE_LIMIT_STORE_UP,
-    GatewayMetrics,
-)
-from glm_operator.gateway.ratelimit_store import (
+from glm_operator.gateway.metrics import RATE_LIMIT_STORE_ERRORS_TOTAL, RATE_LIMIT_STORE_UP
+from glm_operator.gateway.openai.errors import GatewayError
+from glm_operator.gateway.policy.limits import KeyLimits, error_reason
+from glm_operator.gateway.policy.metrics import GatewayMetrics
+from glm_operator.gateway.policy.ratelimit_store import (
     ADMITTED,
     Limits,
     StoreHealth,
@@ -164,7 +161,7 @@ async def test_allow_counts_in_the_pods_buckets_while_the_store_is_down(
     clock = [0.0]
     store = ScriptedStore(fail_with=RedisConnectionError("Connection refused"))
     key_limits, metrics = limits_with(store, "allow", Limits(0.01, 2.0, 0), clock)
-    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.limits"):
+    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.policy.limits"):
         await key_limits.admit("k1")
         await key_limits.admit("k1")
         with pytest.raises(GatewayError) as refused:  # the pod's own burst of 2 is spent
@@ -177,7 +174,7 @@ async def test_allow_counts_in_the_pods_buckets_while_the_store_is_down(
 
     clock[0] += 1.5  # the store is asked again, and answers
     store.fail_with = None
-    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.limits"):
+    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.policy.limits"):
         await key_limits.admit("k1")
     assert store.admits == ["k1"] and sample(metrics, RATE_LIMIT_STORE_UP) == 1
     assert "answers again" in caplog.records[-1].getMessage()
@@ -202,7 +199,7 @@ async def test_a_store_down_at_start_is_logged_once_and_retried_later(
     clock = [0.0]
     store = ScriptedStore(fail_with=RedisConnectionError("Name or service not known"))
     key_limits, metrics = limits_with(store, "allow", Limits(1.0, 2.0, 0), clock)
-    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.limits"):
+    with caplog.at_level(logging.WARNING, logger="glm_operator.gateway.policy.limits"):
         await key_limits.start()
         await key_limits.admit("k1")  # within the second: straight to the pod's buckets
     assert len(caplog.records) == 1 and "Name or service not known" in caplog.text
@@ -242,7 +239,7 @@ async def test_deny_answers_503_without_asking_again_within_a_second() -> None:
 async def test_a_hanging_store_is_cut_off_by_the_timeout() -> None:
     """RedisBuckets wraps each call in asyncio.timeout: a store that never answers is a
     TimeoutError after `timeout_seconds`, which KeyLimits treats as unavailable."""
-    from glm_operator.gateway.ratelimit_store import RedisBuckets
+    from glm_operator.gateway.policy.ratelimit_store import RedisBuckets
 
     class Hanging:
         def register_script(self, _script: str) -> object:

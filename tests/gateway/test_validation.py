@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from glm_operator.gateway.errors import GatewayError
-from glm_operator.gateway.validation import merge_stop, parse_request
+from glm_operator.gateway.openai.errors import GatewayError
+from glm_operator.gateway.openai.validation import merge_stop, parse_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -27,13 +27,20 @@ from typing import Any
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from glm_operator.gateway import errors
-from glm_operator.gateway.activity import ActivityMarker, renew_logged
-from glm_operator.gateway.audit import AuditLog, AuditRecord
 from glm_operator.gateway.config import GatewayConfig
-from glm_operator.gateway.engine_pool import STALE_RETRIES, EnginePool
-from glm_operator.gateway.errors import GatewayError
-from glm_operator.gateway.http import (
+from glm_operator.gateway.openai import errors
+from glm_operator.gateway.openai.errors import GatewayError
+from glm_operator.gateway.openai.usage import context_overflow, token_counts
+from glm_operator.gateway.openai.validation import Endpoint, ParsedRequest, parse_request
+from glm_operator.gateway.policy.audit import AuditLog, AuditRecord
+from glm_operator.gateway.policy.keys import ApiKeyStore
+from glm_operator.gateway.policy.limits import KeyLimits
+from glm_operator.gateway.policy.metrics import GatewayMetrics
+from glm_operator.gateway.pools.activity import ActivityMarker, renew_logged
+from glm_operator.gateway.pools.kv_cache import KvCacheProbe
+from glm_operator.gateway.pools.wake import LongContextWaker, WakeError
+from glm_operator.gateway.wire.engine_pool import STALE_RETRIES, EnginePool
+from glm_operator.gateway.wire.http import (
     HttpServer,
     Request,
     Response,
@@ -42,11 +49,7 @@ from glm_operator.gateway.http import (
     head_bytes,
     json_response,
 )
-from glm_operator.gateway.keys import ApiKeyStore
-from glm_operator.gateway.kv_cache import KvCacheProbe
-from glm_operator.gateway.limits import KeyLimits
-from glm_operator.gateway.metrics import GatewayMetrics
-from glm_operator.gateway.relay import (
+from glm_operator.gateway.wire.relay import (
     ClientGone,
     EngineAddress,
     EngineConnector,
@@ -56,9 +59,6 @@ from glm_operator.gateway.relay import (
     EngineTimeout,
     StreamCapture,
 )
-from glm_operator.gateway.usage import context_overflow, token_counts
-from glm_operator.gateway.validation import Endpoint, ParsedRequest, parse_request
-from glm_operator.gateway.wake import LongContextWaker, WakeError
 from glm_operator.kube.activity import ActivityLease, LeaseRef
 
 log = logging.getLogger(__name__)

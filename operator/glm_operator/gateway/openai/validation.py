@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from glm_operator.gateway.errors import GatewayError, invalid
+from glm_operator.gateway.openai.errors import GatewayError, invalid
 
 Endpoint = Literal["chat", "completions"]
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -20,7 +20,7 @@ from typing import cast
 
 import httptools
 
-from glm_operator.gateway.relay import (
+from glm_operator.gateway.wire.relay import (
     EngineAddress,
     EngineHead,
     EngineProtocolError,

@@ -15,11 +15,12 @@ import logging
 import redis.asyncio as redis
 from prometheus_client import Counter, Gauge
 
-from glm_operator.gateway import errors
 from glm_operator.gateway.config import GatewayConfig, RateLimitStoreConfig
-from glm_operator.gateway.metrics import STORE_ERROR_REASONS, GatewayMetrics
-from glm_operator.gateway.ratelimit import RateLimiter, TokenBudget, default_burst
-from glm_operator.gateway.ratelimit_store import (
+from glm_operator.gateway.metrics import STORE_ERROR_REASONS
+from glm_operator.gateway.openai import errors
+from glm_operator.gateway.policy.metrics import GatewayMetrics
+from glm_operator.gateway.policy.ratelimit import RateLimiter, TokenBudget, default_burst
+from glm_operator.gateway.policy.ratelimit_store import (
     ADMITTED,
     LOAD_TIMEOUT_SECONDS,
     Limits,

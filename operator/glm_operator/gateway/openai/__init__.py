@@ -1,0 +1,1 @@
+"""OpenAI semantics: request validation, errors, usage and server-sent events."""

@@ -1,0 +1,1 @@
+"""Policy: API keys, rate limits and their shared store, audit, metrics, accounting."""

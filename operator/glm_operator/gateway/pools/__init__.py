@@ -1,0 +1,1 @@
+"""The long-context pool: waking it, marking its activity; and the KV-cache probe."""
