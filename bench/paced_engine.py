@@ -27,7 +27,7 @@ import socket
 import time
 from typing import Any
 
-from glm_operator.gateway.wire.relay import unix_address
+from glm_operator.gateway.wire.engine import unix_address
 
 MAX_REQUEST_BYTES = 1 << 20
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from glm_operator.gateway.wire.relay import unix_address
+from glm_operator.gateway.wire.engine import unix_address
 
 from e2e import toolchain
 from e2e.ports import free_port

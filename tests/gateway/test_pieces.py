@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 from glm_operator.gateway import config as gateway_config
+from glm_operator.gateway.call import Call
 from glm_operator.gateway.openai.usage import context_overflow, token_counts
-from glm_operator.gateway.policy.audit import AuditLog, AuditRecord
+from glm_operator.gateway.policy.accounting import tokens_to_charge
+from glm_operator.gateway.policy.audit import CLIENT_CLOSED, AuditLog, AuditRecord
 from glm_operator.gateway.policy.keys import ApiKeyStore, key_id
 from glm_operator.gateway.policy.ratelimit import IDLE_EVICT_SECONDS, RateLimiter, TokenBudget
-from glm_operator.gateway.server import CLIENT_CLOSED, tokens_to_charge
 
 
 class Clock:
@@ -142,8 +143,12 @@ def test_token_budget_never_forgets_a_deficit() -> None:
 
 
 def test_tokens_charged_per_request() -> None:
-    def record(**kw: object) -> AuditRecord:
-        return AuditRecord(request_id="r", endpoint="chat", **kw)  # type: ignore[arg-type]
+    def record(**kw: object) -> Call:
+        # what the pipeline keeps beside the audit record: the charge's estimate
+        estimate = {k: kw.pop(k) for k in ("request_bytes", "max_tokens", "streamed_events")
+                    if k in kw}
+        return Call(AuditRecord(request_id="r", endpoint="chat", **kw),  # type: ignore[arg-type]
+                    0.0, **estimate)  # type: ignore[arg-type]
 
     assert tokens_to_charge(record(status=200, prompt_tokens=12, completion_tokens=5,
                                    request_bytes=400)) == 17
@@ -269,7 +274,7 @@ def test_the_gateway_never_imports_the_kubernetes_client() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys, glm_operator.gateway.cli, glm_operator.gateway.server;"
+    probe = ("import sys, glm_operator.gateway.cli, glm_operator.gateway.app;"
              "print(sorted(m for m in ('kubernetes', 'kopf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.strip()

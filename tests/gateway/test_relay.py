@@ -20,15 +20,9 @@ from typing import cast
 import aiohttp
 import pytest
 import uvloop
+from glm_operator.gateway.wire.engine import EngineAddress, EngineHead, connect, unix_address
 from glm_operator.gateway.wire.engine_pool import EnginePool
-from glm_operator.gateway.wire.relay import (
-    ChunkedBody,
-    EngineAddress,
-    EngineHead,
-    EngineProtocolError,
-    connect,
-    unix_address,
-)
+from glm_operator.gateway.wire.framing import ChunkedBody, EngineProtocolError
 
 from .test_server import CHAT, GatewayClient, base_config, gateway_client
 
@@ -478,9 +472,9 @@ def test_a_socket_that_refuses_leaves_answers_on_tcp_and_says_so_once(
             await client.close()
             tcp.close()
 
-    with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.relay"):
+    with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.engine"):
         LOOPS[loop](scenario())
-    said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.wire.relay"]
+    said = [r.getMessage() for r in caplog.records if r.name == "glm_operator.gateway.wire.engine"]
     assert said == [f"the engine's socket {name} refused ([Errno 111] Connection refused): "
                     "its answers go over TCP", f"the engine's socket {name} accepts again"]
 
@@ -518,10 +512,10 @@ def test_a_socket_whose_accept_queue_is_full_leaves_that_connection_on_tcp(
             tcp.close()
 
     try:
-        with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.relay"):
+        with caplog.at_level(logging.INFO, logger="glm_operator.gateway.wire.engine"):
             LOOPS[loop](scenario())
     finally:
         for sock in queued:
             sock.close()
         listener.close()
-    assert not [r for r in caplog.records if r.name == "glm_operator.gateway.wire.relay"]
+    assert not [r for r in caplog.records if r.name == "glm_operator.gateway.wire.engine"]

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from glm_operator.gateway.app import Gateway
 from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
-from glm_operator.gateway.server import Gateway
 from glm_operator.gateway.wire.http import HttpServer
 
 

@@ -9,7 +9,7 @@ import os
 import signal
 
 from glm_operator.gateway import config as gateway_config
-from glm_operator.gateway.server import Gateway
+from glm_operator.gateway.app import Gateway
 
 SHUTDOWN_TIMEOUT_SECONDS = 25.0  # below the pod's default 30 s grace period
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")

@@ -21,7 +21,7 @@ from glm_operator.gateway.flags import (
 )
 from glm_operator.gateway.flags import POOLS as POOLS
 from glm_operator.gateway.flags import REDIS_PASSWORD_ENV as REDIS_PASSWORD_ENV
-from glm_operator.gateway.wire.relay import EngineAddress
+from glm_operator.gateway.wire.engine import EngineAddress
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 

@@ -72,3 +72,13 @@ def context_overflow(status: int, body: bytes) -> tuple[int | None, int | None] 
             return int(match.group(2)), int(match.group(1))
         return None, None
     return None
+
+
+def completion_text(body: bytes) -> str | None:
+    """A whole answer's text (only for the audit log with text enabled)."""
+    try:
+        choice = json.loads(body)["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    text = choice.get("message", {}).get("content") if "message" in choice else choice.get("text")
+    return text if isinstance(text, str) else None

@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
+CLIENT_CLOSED = 499  # nginx's code for "the client went away": audit and metrics use it
 
-@dataclass
+
+@dataclass(slots=True)
 class AuditRecord:
+    """One request as the audit log writes it (and the metrics count it)."""
+
     request_id: str
     endpoint: str
     key_id: str = ""
@@ -29,15 +33,6 @@ class AuditRecord:
     overflow: bool = False
     prompt: Any = None
     completion: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    # Not audited: what the token budget charges when the engine's counts never arrived.
-    request_bytes: int = 0
-    max_tokens: int | None = None
-    streamed_events: int = 0
-    # Admitted by the shared rate-limit store, and handed over to the long-context pool's
-    # gateway, which counts and charges it in the same store.
-    shared_admission: bool = False
-    handed_over: bool = False
 
 
 class AuditLog:

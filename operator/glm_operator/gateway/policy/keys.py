@@ -21,7 +21,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 KEY_ID_LENGTH = 12
-RELOAD_INTERVAL_SECONDS = 1.0
+RELOAD_INTERVAL_SECONDS = 1.0  # a rotated key works (or stops working) within a second
+# The gateway's refresher has stalled when the keys are older than this: check() looks itself.
+REFRESHER_STALL_SECONDS = 5.0
 Signature = tuple[tuple[str, int, int], ...]
 
 

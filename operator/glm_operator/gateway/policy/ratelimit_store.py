@@ -1,8 +1,8 @@
 """The per-key buckets of `ratelimit.py`, kept in Redis so that they hold for a whole service.
 
 Every replica of a GLMService, in both pools, runs the same two Lua scripts against one
-Redis: `admit` (the token budget, then the request bucket, as `Gateway._proxy` does with the
-local buckets) and `charge` (a finished request's tokens). Each script is one atomic step,
+Redis: `admit` (the token budget, then the request bucket, as `KeyLimits.admit_locally` does
+with the local buckets) and `charge` (a finished request's tokens). Each script is one atomic step,
 so two gateways can never both take a bucket's last token, and each reads the time from
 Redis (`TIME`), never from the caller, so gateways with skewed clocks agree on the refill.
 The arithmetic is `RateLimiter`'s and `TokenBudget`'s, line for line.

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from glm_operator.kube.activity import ActivityLease
+from glm_operator.gateway.config import ActivityConfig
+from glm_operator.kube.activity import ActivityLease, LeaseRef
 from glm_operator.kube.pod_api import ApiCallError
 
 log = logging.getLogger(__name__)
@@ -100,3 +101,9 @@ class ActivityMarker:
             if duration is not None:
                 self.renewals += 1
                 self.interval = renewal_interval(duration, self._min_interval)
+
+
+def activity_lease(config: ActivityConfig, session: aiohttp.ClientSession) -> ActivityLease:
+    """The pool's activity Lease as this gateway renews it, with the gateway's session."""
+    return ActivityLease(LeaseRef(config.api_server, config.namespace, config.lease),
+                         config.identity, config.token_path, config.ca_path, session)

@@ -6,9 +6,10 @@ response is parsed by httptools (C) into one future, and idle connections wait i
 Streams do not come here: they are relayed on connections of their own (relay.py).
 
 The pinned llama-server (cpp-httplib) closes a connection after 5 s without a request; a
-pooled connection idle longer than 3 s is dropped rather than used. One that the engine
-closed anyway just before the request was written fails before any byte of an answer came
-back: the engine never saw that request, so it is sent again on another connection.
+pooled connection idle longer than that allows (engine.py) is dropped rather than used. One
+that the engine closed anyway just before the request was written fails before any byte of
+an answer came back: the engine never saw that request, so it is sent again on another
+connection.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import cast
 
 import httptools
 
-from glm_operator.gateway.wire.relay import (
+from glm_operator.gateway.wire.engine import (
+    OWN_CONNECTION_MAX_IDLE_SECONDS,
     EngineAddress,
     EngineHead,
-    EngineProtocolError,
     EngineTimeout,
     connect,
 )
+from glm_operator.gateway.wire.framing import EngineProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,6 @@ log = logging.getLogger(__name__)
 # the gateway writes a good answer to its client from there, before its handler resumes.
 AnswerHook = Callable[[EngineHead, bytes], None]
 
-POOLED_MAX_IDLE_SECONDS = 3.0
 # Pooled connections the engine may have closed together (after a burst of requests).
 STALE_RETRIES = 3
 
@@ -174,7 +175,7 @@ class EnginePool:
     def _take_idle(self, now: float) -> KeptAliveConnection | None:
         while self._idle:
             connection, since = self._idle.pop()
-            if not connection.lost and now - since <= POOLED_MAX_IDLE_SECONDS:
+            if not connection.lost and now - since <= OWN_CONNECTION_MAX_IDLE_SECONDS:
                 return connection
             connection.abort()
         return None

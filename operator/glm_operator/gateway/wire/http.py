@@ -17,6 +17,9 @@ What a front door must still do, it does:
 - heads over 64 KiB, bad framing: 400/431 and the connection closed;
 - a client that hangs up cancels its handler (the engine connection is dropped with it);
 - idle keep-alive connections close after 75 s; a graceful stop lets handlers finish.
+
+(A little over 400 lines: a connection's parser callbacks and its answering share one
+object's state, and splitting them would put a call between them on every request.)
 """
 
 from __future__ import annotations
@@ -28,17 +31,16 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
 
+from glm_operator.gateway.wire.framing import CLIENT_BUFFER_HIGH, MAX_HEAD_BYTES, head_bytes
+
 log = logging.getLogger(__name__)
 
-MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 KEEPALIVE_SECONDS = 75.0  # an idle client connection is closed after this long
 MAX_PIPELINED = 8  # requests parsed ahead of the one being answered; then reading pauses
-WRITE_HIGH_WATER = 64 * 1024  # drain() waits while more than this is buffered for the client
 
 
 @dataclass(slots=True)
@@ -95,18 +97,6 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
                   ) -> Response:
     return Response(status, json.dumps(data).encode(),
                     {"Content-Type": "application/json", **(headers or {})})
-
-
-_REASONS = {status.value: status.phrase for status in HTTPStatus}
-
-
-def head_bytes(status: int, headers: dict[str, str], version: tuple[int, int] = (1, 1)
-               ) -> bytes:
-    """A response's status line and headers (the blank line included)."""
-    reason = _REASONS.get(status, "Unknown")
-    lines = [f"HTTP/{version[0]}.{version[1]} {status} {reason}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class Router:
@@ -196,7 +186,7 @@ class HttpConnection(asyncio.Protocol):
     async def drain(self) -> None:
         if self._closing or self.transport.is_closing():
             raise ConnectionResetError("the client closed")
-        if not self._write_paused and self.transport.get_write_buffer_size() <= WRITE_HIGH_WATER:
+        if not self._write_paused and self.transport.get_write_buffer_size() <= CLIENT_BUFFER_HIGH:
             return
         if self._drain_waiter is None:
             self._drain_waiter = self._loop.create_future()

@@ -18,142 +18,37 @@ over kept-alive connections instead (engine_pool.py).
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
-import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import cast
-from urllib.parse import urlsplit
 
-log = logging.getLogger(__name__)
-
-MAX_HEAD_BYTES = 64 * 1024  # the engine's status line and headers
-MAX_LINE_BYTES = 4096  # one chunk-size or trailer line
-# Above this many bytes waiting in the client's socket buffer, stop reading from the engine
-# until the client has taken them (a slow reader must not make the gateway buffer an answer).
-CLIENT_BUFFER_HIGH = 64 * 1024
-TAIL_EVENTS = 4  # the last chunks kept: usage / timings always fit in these
-STREAM_END = b"data: [DONE]"  # the OpenAI stream's last event (llama-server and vLLM)
+from glm_operator.gateway.wire.engine import (
+    OWN_CONNECTION_MAX_IDLE_SECONDS,
+    EngineAddress,
+    EngineHead,
+    EngineTimeout,
+    connect,
+)
+from glm_operator.gateway.wire.framing import (
+    CLIENT_BUFFER_HIGH,
+    LAST_CHUNK,
+    MAX_HEAD_BYTES,
+    ChunkedBody,
+    EngineProtocolError,
+)
 
 DrainFn = Callable[[], Awaitable[None]]  # waits until the client's socket buffer drained
-# A spare older than this is dropped, not used: llama-server (cpp-httplib) closes a connection
-# that sent no request for 5 s, and a request written into a closing socket would be lost.
-SPARE_MAX_AGE_SECONDS = 3.0
+# Sees the payload of each packet as it is relayed (chunk framing removed), after the write:
+# what the stream's bookkeeping keeps (openai/sse.py), here nothing but a call.
+PayloadSink = Callable[[list[bytes]], None]
 
 
-class EngineProtocolError(Exception):
-    """The engine's answer is not HTTP/1.1 this relay can follow."""
-
-
-class EngineTimeout(Exception):
-    """The engine sent nothing for the read timeout."""
+def _ignore(_pieces: list[bytes]) -> None:
+    return None
 
 
 class ClientGone(Exception):
     """The client's connection closed before the answer was relayed."""
 
-
-@dataclass(frozen=True)
-class EngineAddress:
-    host: str
-    port: int
-    authority: str  # the Host header
-    # Tried first when set: a Unix socket the engine also listens on ("@name": abstract).
-    unix: str | None = None
-
-    @classmethod
-    def parse(cls, url: str, unix: str | None = None) -> EngineAddress | None:
-        """An http:// URL's address; None where this relay does not apply (https, no port)."""
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or parts.path not in ("", "/"):
-            return None
-        return cls(parts.hostname, parts.port or 80, parts.netloc, unix)
-
-
-class ChunkedBody:
-    """Follows HTTP/1.1 chunked framing across packets: hands out the payload pieces and
-    says when the last chunk and its trailer have arrived."""
-
-    __slots__ = ("_left", "_line", "_skip", "_trailer", "complete")
-
-    def __init__(self) -> None:
-        self._left = 0  # payload bytes still to come in the current chunk
-        self._skip = 0  # bytes of the CRLF after a chunk's payload still to come
-        self._line = b""  # a size or trailer line split across packets
-        self._trailer = False  # after the zero-size chunk
-        self.complete = False
-
-    @property
-    def at_boundary(self) -> bool:
-        """Between two chunks: a terminating zero chunk written now keeps the framing."""
-        return not (self._left or self._skip or self._line or self._trailer)
-
-    def feed(self, data: bytes, out: list[bytes]) -> int:
-        """Append `data`'s payload pieces to `out`; return how many bytes of `data` belong
-        to this body (all of them unless it completed inside `data`)."""
-        pos, size = 0, len(data)
-        while pos < size and not self.complete:
-            if self._left:
-                take = min(self._left, size - pos)
-                out.append(data[pos:pos + take])
-                pos += take
-                self._left -= take
-                if not self._left:
-                    self._skip = 2
-                continue
-            if self._skip:
-                take = min(self._skip, size - pos)
-                pos += take
-                self._skip -= take
-                continue
-            end = data.find(b"\n", pos)
-            if end < 0:
-                self._line += data[pos:]
-                if len(self._line) > MAX_LINE_BYTES:
-                    raise EngineProtocolError("chunk-size line too long")
-                return size
-            line = (self._line + data[pos:end]).rstrip(b"\r")
-            self._line = b""
-            pos = end + 1
-            if self._trailer:
-                self.complete = not line  # an empty line ends the trailer
-                continue
-            try:
-                length = int(line.split(b";", 1)[0], 16)
-            except ValueError:
-                raise EngineProtocolError(f"bad chunk-size line {line[:40]!r}") from None
-            if length < 0:
-                raise EngineProtocolError(f"bad chunk-size line {line[:40]!r}")
-            if length:
-                self._left = length
-            else:
-                self._trailer = True
-        return pos
-
-
-@dataclass
-class EngineHead:
-    status: int
-    headers: dict[str, str]  # lower-case names
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "application/json")
-
-
-@dataclass
-class StreamCapture:
-    """What the relay keeps of a streamed answer for usage, limits and the audit log."""
-
-    count_events: bool = False
-    keep_all: bool = False
-    tail: deque[bytes] = field(default_factory=lambda: deque(maxlen=TAIL_EVENTS))
-    everything: list[bytes] = field(default_factory=list)
-    events: int = 0  # `data: ` lines relayed, when count_events
-    delivered: bool = False  # the stream's last event reached the client's socket
-    first_at: float | None = None  # perf_counter() of the first body bytes relayed
 
 
 class EngineExchange(asyncio.Protocol):
@@ -176,7 +71,7 @@ class EngineExchange(asyncio.Protocol):
         self._until_close = False  # neither: the body ends with the connection
         self._relay_to: asyncio.Transport | None = None
         self._reframe = False  # the engine's body is not chunked: frame it for the client
-        self._capture: StreamCapture | None = None
+        self._on_payload: PayloadSink = _ignore
         self._drain: asyncio.Task[None] | None = None
         self._drain_client: DrainFn | None = None
         self._last_data = loop.time()
@@ -232,7 +127,7 @@ class EngineExchange(asyncio.Protocol):
         elif self._until_close and not self.done.done():
             # A body delimited by the connection's end is complete now.
             if self._relay_to is not None and not self._relay_to.is_closing():
-                self._relay_to.write(b"0\r\n\r\n")
+                self._relay_to.write(LAST_CHUNK)
             self._settle()
         elif not self.done.done():
             self.done.set_exception(ConnectionResetError(
@@ -323,14 +218,14 @@ class EngineExchange(asyncio.Protocol):
 
     # --- relaying --------------------------------------------------------------------------
 
-    def relay(self, client: asyncio.Transport, capture: StreamCapture,
+    def relay(self, client: asyncio.Transport, on_payload: PayloadSink,
               drain_client: DrainFn) -> None:
         """From now on the body goes to `client` as it arrives; `done` says when it ended.
 
         The client's response head must be written already, announcing a chunked body: the
         engine's own chunk framing is forwarded unchanged (or made, if it sent none)."""
         self._relay_to = client
-        self._capture = capture
+        self._on_payload = on_payload
         self._drain_client = drain_client
         self._reframe = self._chunked is None
         # Body bytes that came before this call (with the head, or while the handler woke):
@@ -343,9 +238,9 @@ class EngineExchange(asyncio.Protocol):
                 client.write(raw)
         elif pending or ended:
             client.write(b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pending)
-                         + (b"0\r\n\r\n" if ended else b""))
+                         + (LAST_CHUNK if ended else b""))
         if pending:
-            self._note(pending)
+            on_payload(pending)
 
     def _forward(self, data: bytes) -> None:
         client = self._relay_to
@@ -363,33 +258,19 @@ class EngineExchange(asyncio.Protocol):
                 pieces.append(data)
             ended = self._length == 0
             if ended:
-                client.write(b"0\r\n\r\n")
+                client.write(LAST_CHUNK)
         else:
             assert self._chunked is not None
             used = self._chunked.feed(data, pieces)
             client.write(data if used == len(data) else data[:used])
             ended = self._chunked.complete
-        self._note(pieces)
+        self._on_payload(pieces)
         if ended:
             self._settle()
         elif client.get_write_buffer_size() > CLIENT_BUFFER_HIGH and self._drain is None:
             assert self.transport is not None and self._drain_client is not None
             self.transport.pause_reading()
             self._drain = self._loop.create_task(self._resume_after(self._drain_client))
-
-    def _note(self, pieces: list[bytes]) -> None:
-        capture = self._capture
-        assert capture is not None
-        if capture.first_at is None:
-            capture.first_at = time.perf_counter()
-        for piece in pieces:
-            capture.tail.append(piece)
-            if capture.count_events:
-                capture.events += piece.count(b"data: ")
-            if capture.keep_all:
-                capture.everything.append(piece)
-            if STREAM_END in piece:
-                capture.delivered = True
 
     async def _resume_after(self, drain_client: DrainFn) -> None:
         try:
@@ -409,7 +290,7 @@ class EngineExchange(asyncio.Protocol):
         if client is None or client.is_closing():
             return False
         if self._reframe or (self._chunked is not None and self._chunked.at_boundary):
-            client.write(b"0\r\n\r\n")
+            client.write(LAST_CHUNK)
             return True
         return False
 
@@ -417,63 +298,6 @@ class EngineExchange(asyncio.Protocol):
         """Drop the engine connection at once: the engine stops generating for it."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
-
-
-async def connect(address: EngineAddress, protocol: asyncio.Protocol,
-                  timeout: float | None) -> None:
-    """Connect `protocol` to the engine within `timeout` seconds: over its Unix socket when
-    it has one and accepts, else over TCP."""
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(timeout):
-            if address.unix is not None:
-                sock = _unix_socket(address.unix)
-                if sock is not None:
-                    await loop.create_unix_connection(lambda: protocol, sock=sock)
-                    return
-            await loop.create_connection(lambda: protocol, address.host, address.port)
-    except TimeoutError:
-        # Unreachable, not slow: the gateway answers 503, as for a refused connection.
-        raise ConnectionError(f"no connection within {timeout:g} s") from None
-
-
-_refusing_sockets: set[str] = set()  # logged once until they accept again
-
-
-def unix_address(name: str) -> str:
-    """The socket address of `name`: a path, or "@name" for Linux's abstract namespace (as
-    llama-server and cpp-httplib write it), whose address starts with a NUL byte."""
-    return "\0" + name[1:] if name.startswith("@") else name
-
-
-def _unix_socket(name: str) -> socket.socket | None:
-    """A socket connected to the engine's Unix socket, or None where this connection goes
-    over TCP instead: the socket refuses (an engine build without it, or one still starting:
-    TCP then answers, or fails alike), or its accept queue is full.
-
-    Connected by hand, not by the loop: a Unix socket's connect completes or fails at once,
-    never "in progress"; a full accept queue fails it with EAGAIN, which the loops' sock_connect
-    mistakes for a connect in progress and then reports as done, handing over a socket that is
-    not connected. (uvloop also refuses abstract names in create_unix_connection's path.)"""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    try:
-        sock.connect(unix_address(name))
-    except BlockingIOError:
-        # A burst beyond the engine's backlog: TCP's handshake waits in the kernel instead.
-        sock.close()
-        return None
-    except OSError as exc:
-        sock.close()
-        if name not in _refusing_sockets:
-            _refusing_sockets.add(name)
-            log.warning("the engine's socket %s refused (%s): its answers go over TCP",
-                        name, exc)
-        return None
-    if name in _refusing_sockets:
-        _refusing_sockets.discard(name)
-        log.info("the engine's socket %s accepts again", name)
-    return sock
 
 
 class EngineConnector:
@@ -510,7 +334,7 @@ class EngineConnector:
         if spare is None:
             return None
         age = asyncio.get_running_loop().time() - self._spare_at
-        if spare.lost or age > SPARE_MAX_AGE_SECONDS:
+        if spare.lost or age > OWN_CONNECTION_MAX_IDLE_SECONDS:
             spare.abort()
             return None
         return spare

@@ -1,0 +1,212 @@
+"""The request pipeline, composed once: authenticate -> admit -> parse -> upstream ->
+overflow -> account.
+
+The hot path is deliberately thin because the gateway shares CPU cores with the engine, and
+after the engine's wait every line of it runs cold: the body is parsed once for validation
+and sent on as the client's own bytes (re-encoded only when the model's stop sequences must
+be added), a whole answer is written to the client from the engine connection's callback
+(upstream.py), a stream is relayed at the transport level, token counts come from a scan of
+the last bytes (openai/usage.py), and metrics, audit and the key's charge wait until the
+answer is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import time
+
+from glm_operator.gateway.call import Call
+from glm_operator.gateway.openai import errors
+from glm_operator.gateway.openai.errors import GatewayError
+from glm_operator.gateway.openai.usage import context_overflow
+from glm_operator.gateway.openai.validation import Endpoint, ParsedRequest, parse_request
+from glm_operator.gateway.policy.accounting import tokens_to_charge
+from glm_operator.gateway.policy.audit import CLIENT_CLOSED, AuditLog, AuditRecord
+from glm_operator.gateway.policy.keys import ApiKeyStore
+from glm_operator.gateway.policy.limits import KeyLimits
+from glm_operator.gateway.policy.metrics import GatewayMetrics
+from glm_operator.gateway.pools.activity import ActivityMarker
+from glm_operator.gateway.pools.overflow import Overflow
+from glm_operator.gateway.upstream import JSON, Upstream, UpstreamAnswer
+from glm_operator.gateway.wire.http import Request, Response, Streamed
+
+ANONYMOUS = "anonymous"
+Answer = Response | Streamed
+
+
+def request_id() -> str:
+    # A name for the logs, not a secret: no system call for randomness on the hot path.
+    return f"{random.getrandbits(64):016x}"
+
+
+def error_response(err: GatewayError, rid: str) -> Response:
+    headers = {"Content-Type": JSON, **err.headers()}
+    if rid:
+        headers["X-Request-Id"] = rid
+    return Response(err.status, err.body(), headers)
+
+
+class Proxy:
+    """`whole` answers and `streams` come from this pod's engine, each over the client that
+    serves it best (upstream.py); a refusal for the context's size goes to `overflow`."""
+
+    def __init__(self, whole: Upstream, streams: Upstream, overflow: Overflow,
+                 keys: ApiKeyStore | None, limits: KeyLimits | None, audit: AuditLog,
+                 metrics: GatewayMetrics, max_body_bytes: int, stop_sequences: tuple[str, ...],
+                 context_length: int, engine_slots: int, relayed: Upstream | None = None
+                 ) -> None:
+        self.whole = whole
+        self.streams = streams
+        self.relayed = relayed  # streams to HTTP/1.1 clients, where the relay applies
+        self.overflow = overflow
+        self.keys = keys
+        self.limits = limits
+        self.audit = audit
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.stop_sequences = stop_sequences
+        # 0: unknown until the warm-up reads them from the engine (app.py)
+        self.context_length = context_length
+        self.engine_slots = engine_slots
+        self.activity: ActivityMarker | None = None  # long-context pool: renews its Lease
+        self.in_flight = 0
+        self.at_engine = 0
+
+    def queued_now(self) -> float:
+        """Requests waiting: held for the long-context pool's wake, or beyond the engine's
+        slots (the engine queues those itself)."""
+        over_slots = max(0, self.at_engine - self.engine_slots) if self.engine_slots else 0
+        return over_slots + self.overflow.held
+
+    def authenticate(self, request: Request) -> str:
+        if self.keys is None:
+            return ANONYMOUS
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise errors.unauthorized(
+                "Missing API key: send it as 'Authorization: Bearer <key>'."
+            )
+        key_id = self.keys.check(key.strip())
+        if key_id is None:
+            raise errors.unauthorized("Incorrect API key provided.")
+        return key_id
+
+    async def chat_completions(self, request: Request) -> Answer:
+        return await self.handle(request, "chat", "/v1/chat/completions")
+
+    async def completions(self, request: Request) -> Answer:
+        return await self.handle(request, "completions", "/v1/completions")
+
+    async def handle(self, request: Request, endpoint: Endpoint, path: str) -> Answer:
+        started = time.perf_counter()
+        rid = request.headers.get("x-request-id") or request_id()
+        call = Call(AuditRecord(request_id=rid, endpoint=endpoint), started)
+        record = call.record
+        self.in_flight += 1
+        try:
+            try:
+                record.key_id = self.authenticate(request)
+                if self.limits is not None:
+                    call.shared_admission = await self.limits.admit(record.key_id)
+                if request.too_large:
+                    raise errors.too_large(self.max_body_bytes)
+                parsed = parse_request(request.body, endpoint, self.stop_sequences)
+                record.stream = parsed.stream
+                call.request_bytes = len(parsed.body)
+                max_tokens = parsed.payload.get("max_tokens",
+                                                parsed.payload.get("max_completion_tokens"))
+                call.max_tokens = max_tokens if isinstance(max_tokens, int) else None
+                if self.audit.include_text:
+                    record.prompt = parsed.payload.get("messages" if endpoint == "chat"
+                                                       else "prompt")
+                response = await self._served(request, parsed, path, call)
+            except GatewayError as err:
+                record.error_code = err.code
+                response = error_response(err, rid)
+        except asyncio.CancelledError:
+            # The client went away: accounted all the same.
+            if record.status != 200:  # 200 here: a stream whose last event was delivered
+                record.status = CLIENT_CLOSED
+            await self._account(call)
+            raise
+        except Exception:
+            record.status, record.error_code = 500, "internal"  # the server answers 500
+            await self._account(call)
+            raise
+        if isinstance(response, Streamed):
+            record.status = record.status or 200  # a stream may have set 499
+            await self._account(call)
+        else:
+            # Metrics, audit and the key's charge wait until the answer is written: none of
+            # it is the client's time.
+            record.status = record.status or response.status
+            response.after = functools.partial(self._account, call)
+        return response
+
+    async def _served(self, request: Request, parsed: ParsedRequest, path: str, call: Call
+                      ) -> Answer:
+        """A valid request, answered: in the long-context pool, activity that keeps the pool
+        awake while it runs (its Lease is renewed, throttled)."""
+        if self.activity is None:
+            return await self._forward(request, parsed, path, call)
+        self.activity.begin()
+        try:
+            return await self._forward(request, parsed, path, call)
+        finally:
+            self.activity.end()
+
+    async def _forward(self, request: Request, parsed: ParsedRequest, path: str, call: Call
+                       ) -> Answer:
+        """This pod's engine answers; the one place where a refusal for the context's size
+        sends the request on to the long-context pool."""
+        if not parsed.stream:
+            upstream = self.whole
+        elif request.http11 and self.relayed is not None:
+            upstream = self.relayed
+        else:
+            upstream = self.streams
+        self.at_engine += 1
+        try:
+            reply = await upstream.send(request, parsed, path, call)
+        finally:
+            self.at_engine -= 1
+        if isinstance(reply, Streamed):
+            return reply
+        if reply.sent is not None:
+            call.whole_answer(reply.status, reply.body, self.audit.include_text)
+            return reply.sent
+        overflow = context_overflow(reply.status, reply.body)
+        if overflow is None:
+            return self._passed_on(reply, call)
+        call.record.overflow = True
+        n_prompt, n_ctx = overflow
+        reply = await self.overflow.route(request, parsed, path, call, n_prompt,
+                                          n_ctx or self.context_length or None)
+        return reply if isinstance(reply, Streamed) else self._passed_on(reply, call)
+
+    def _passed_on(self, answer: UpstreamAnswer, call: Call) -> Response:
+        """A whole answer, its usage counted, to the client as the engine gave it."""
+        call.whole_answer(answer.status, answer.body, self.audit.include_text)
+        if answer.status >= 400:
+            call.record.error_code = f"engine_{answer.status}"
+        return Response(answer.status, answer.body, {"Content-Type": answer.content_type,
+                                                     "X-Request-Id": call.record.request_id})
+
+    async def _account(self, call: Call) -> None:
+        """A finished request in the metrics, the audit log and its key's token budget."""
+        self.in_flight -= 1
+        record = call.record
+        elapsed = time.perf_counter() - call.started
+        record.duration_ms = elapsed * 1000
+        self.metrics.record(record.endpoint, record.status, elapsed, record.stream,
+                            None if record.ttft_ms is None else record.ttft_ms / 1000,
+                            record.prompt_tokens, record.completion_tokens)
+        self.audit.write(record)
+        if self.limits is not None and not call.handed_over:
+            charge = self.limits.charge(record.key_id, tokens_to_charge(call))
+            # Shielded when it waits for the store: a client that went away cancels the
+            # request, not its charge.
+            await (asyncio.shield(charge) if self.limits.store is not None else charge)
