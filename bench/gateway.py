@@ -45,7 +45,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.error
@@ -57,6 +56,7 @@ import aiohttp
 import pytest
 from glm_operator.render.engine_args import ENGINE_SOCKET
 
+from bench.baseline import export_operator
 from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, http_json, llama_server_binary, local_socket
 from e2e.models import TinyLlamaSpec, write_tiny_llama
@@ -186,7 +186,7 @@ def run_benchmark(levels: tuple[int, ...] = (1, 8, 32), tokens: int = 128, round
                                      service_name="bench", env=hop_env[hop]))
             for loop in event_loops for hop in engine_hops}
         for ref in baselines:
-            source = _export_operator(ref, work / "baseline" / ref)
+            source = export_operator(ref, work / "baseline" / ref)
             gateways[f"baseline {ref}"] = stack.enter_context(GatewayProcess.start(
                 engine_url, work / "baseline" / ref, gateway_args, service_name="bench",
                 env={"PYTHONPATH": str(source), **hop_env[engine_hops[0]]}))
@@ -273,18 +273,6 @@ def _paced_engine(token_gap_ms: float, slots: int, work: Path) -> Iterator[tuple
     finally:
         process.terminate()
         process.wait(10)
-
-
-def _export_operator(ref: str, into: Path) -> Path:
-    """The gateway's package as of git `ref`, for a baseline gateway process's PYTHONPATH."""
-    into.mkdir(parents=True, exist_ok=True)
-    archive = into / "operator.tar"
-    root = Path(__file__).resolve().parent.parent
-    subprocess.run(["git", "-C", str(root), "archive", "-o", str(archive), ref, "operator"],
-                   check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
-    return into / "operator"
 
 
 @contextlib.contextmanager
