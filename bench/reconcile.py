@@ -141,12 +141,15 @@ def render_children(svc: dict[str, Any], mv: dict[str, Any],
     """What the operator would hold for this service, decided offline by the operator's own
     code with the cluster's optional CRDs (Istio, ServiceMonitor): the floor creates the
     same objects the operator does."""
+    from glm_operator.api import GLMService
     from glm_operator.config import OperatorConfig
-    from glm_operator.controllers.service_state import decide_service
+    from glm_operator.decide.observed import ObservedChildren
+    from glm_operator.decide.service import decide_service
     from glm_operator.render.service import Capabilities
 
     config = OperatorConfig()
-    decision = decide_service(svc, {mv["metadata"]["name"]: mv}, [], config, config.profiles,
+    decision = decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
+                              ObservedChildren([]), config, config.profiles,
                               capabilities or Capabilities())
     return decision.desired
 

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from glm_operator.api import GLMService
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers.service_state import ServiceDecision, decide_service
+from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.service import ServiceDecision, decide_service
 from glm_operator.render.service import Capabilities
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -41,7 +43,8 @@ def named(mv: dict[str, Any], name: str) -> dict[str, Any]:
 def decide(svc: dict[str, Any], mvs: list[dict[str, Any]], live: list[dict[str, Any]],
            capabilities: Capabilities = KEDA, config: OperatorConfig = CONFIG,
            now: datetime | None = None) -> ServiceDecision:
-    return decide_service(svc, {m["metadata"]["name"]: m for m in mvs}, live, config,
+    return decide_service(GLMService.model_validate(svc), {m["metadata"]["name"]: m for m in mvs},
+                          ObservedChildren(live), config,
                           config.profiles, capabilities, now=now)
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from glm_operator.api import AnalysisResult
+from glm_operator.api import AnalysisResult, GLMService
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.long_context import ActivityReading
-from glm_operator.controllers.service_state import (
+from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.service import (
     ServiceDecision,
     decide_service,
     long_context_reading_due,
@@ -43,7 +44,8 @@ def decide(svc: dict[str, Any], mvs: list[dict[str, Any]],
            live: list[dict[str, Any]] | None = None, now: datetime | None = None,
            capabilities: Capabilities | None = None,
            analysis: AnalysisResult | None = None) -> ServiceDecision:
-    return decide_service(svc, {m["metadata"]["name"]: m for m in mvs}, live or [], CONFIG,
+    return decide_service(GLMService.model_validate(svc), {m["metadata"]["name"]: m for m in mvs},
+                          ObservedChildren(live or []), CONFIG,
                           CONFIG.profiles, capabilities or Capabilities(), now=now,
                           analysis=analysis)
 
@@ -75,6 +77,18 @@ def test_missing_model_version_creates_nothing_and_says_so() -> None:
     model = cond(decision, "ModelReady")
     assert model.status == "False" and model.reason == "ModelVersionNotFound"
     assert cond(decision, "Ready").status == "False"
+
+
+def test_without_its_model_version_the_plan_and_targets_are_unknown() -> None:
+    _, svc = load("cpu-llamacpp")
+    svc["spec"].pop("replicas", None)
+    svc["spec"]["autoscaling"] = {"maxReplicas": 4, "targets": {"queueLength": 2}}
+    decision = decide(svc, [])
+    planned = cond(decision, "Planned")
+    assert (planned.status, planned.reason) == ("Unknown", "ModelVersionNotFound")
+    assert planned.message.startswith("no plan can be made: ")
+    targets = cond(decision, "AutoscalingTargetsValid")
+    assert (targets.status, targets.reason) == ("Unknown", "NotPlanned")
 
 
 def test_model_not_fetched_yet_waits() -> None:
@@ -395,8 +409,9 @@ def test_decide_service_sleeps_an_idle_pool_through_its_scale() -> None:
 
     svc = copy.deepcopy(svc)
     svc["status"] = woken.status.model_dump(by_alias=True, mode="json", exclude_none=True)
-    assert not long_context_reading_due(svc, live, lc_at(59))
-    assert long_context_reading_due(svc, live, lc_at(60))
+    service, observed = GLMService.model_validate(svc), ObservedChildren(live)
+    assert not long_context_reading_due(service, observed, lc_at(59))
+    assert long_context_reading_due(service, observed, lc_at(60))
     lc_name = deployments(live)[1]["metadata"]["name"]
     idle = decide_service_with(svc, mv, live, lc_at(61), ActivityReading(lc_at(-10)))
     assert idle.scale_to_zero == ((lc_name, "77"),)
@@ -422,7 +437,8 @@ def test_decide_service_keeps_a_pool_with_recent_activity() -> None:
 
 def decide_service_with(svc: dict[str, Any], mv: dict[str, Any], live: list[dict[str, Any]],
                         now: datetime, reading: ActivityReading) -> Any:
-    return decide_service(svc, {mv["metadata"]["name"]: mv}, live, CONFIG, CONFIG.profiles,
+    return decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
+                          ObservedChildren(live), CONFIG, CONFIG.profiles,
                           Capabilities(), now=now, long_context_activity=reading)
 
 

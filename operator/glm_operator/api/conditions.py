@@ -57,6 +57,15 @@ class Condition(StatusModel):
     )
 
 
+def condition_status(status: ConditionStatus | bool | None) -> ConditionStatus:
+    """True/False as a bool, None as Unknown."""
+    if status is None:
+        return ConditionStatus.UNKNOWN
+    if isinstance(status, bool):
+        return ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    return status
+
+
 def _now() -> datetime:
     # Kubernetes serialises times with second precision; keep the same so that an
     # unchanged condition round-trips to an identical status (no pointless writes).
@@ -76,7 +85,7 @@ def is_condition_true(conditions: Sequence[Condition], type_: str) -> bool:
 def set_condition(
     conditions: Sequence[Condition],
     type_: str,
-    status: ConditionStatus | bool,
+    status: ConditionStatus | bool | None,
     reason: str,
     message: str = "",
     observed_generation: int | None = None,
@@ -84,11 +93,12 @@ def set_condition(
 ) -> list[Condition]:
     """A new list with the condition of `type_` set; the input is not modified.
 
+    `status` True or False, or None for Unknown: the answer cannot be known yet (a first
+    visit, an input still missing), which is not the same as False.
     `lastTransitionTime` is kept when the status does not change, and set to `now`
     when it does (or when the condition is new). Order of the other conditions is kept.
     """
-    if isinstance(status, bool):
-        status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    status = condition_status(status)
     previous = get_condition(conditions, type_)
     if previous is not None and previous.status == status:
         transition_time = previous.last_transition_time

@@ -25,20 +25,11 @@ import kopf
 
 from glm_operator.analysis.canary import canary_queries, judge, unavailable
 from glm_operator.analysis.prometheus import PrometheusError, query_scalar
-from glm_operator.api import AnalysisResult, GLMService, GLMServiceStatus
+from glm_operator.api import AnalysisResult, GLMService
 from glm_operator.config import OperatorConfig
 from glm_operator.controllers import metrics
-from glm_operator.decide.drift import (
-    Drift,
-    DriftReason,
-    drift,
-    merge_patch,
-    with_intent_hash,
-)
 from glm_operator.controllers.handling_watch import WATCH
 from glm_operator.controllers.key_queue import KeyQueue
-from glm_operator.decide.long_context import ActivityReading
-from glm_operator.decide.model_version import decide_model_version, services_using
 from glm_operator.controllers.relists import (
     WATCH_ID_SUFFIX,
     Ghost,
@@ -46,10 +37,20 @@ from glm_operator.controllers.relists import (
     Sweeper,
     WatchedKind,
 )
-from glm_operator.decide.rollout import analysis_window, gates
 from glm_operator.controllers.scope import in_scope, list_namespaces
-from glm_operator.controllers.service_state import decide_service, long_context_reading_due
 from glm_operator.controllers.wakeups import Wakeups
+from glm_operator.decide.drift import (
+    Drift,
+    DriftReason,
+    drift,
+    merge_patch,
+    with_intent_hash,
+)
+from glm_operator.decide.long_context import ActivityReading
+from glm_operator.decide.model_version import decide_model_version, services_using
+from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.rollout import analysis_window, gates
+from glm_operator.decide.service import decide_service, long_context_reading_due
 from glm_operator.kube.client import FIELD_MANAGER, KubeClient, KubeError
 from glm_operator.kube.events import event_for
 from glm_operator.kube.field_sets import merged_field_sets, without_replicas
@@ -652,20 +653,22 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
         body = _with_own_writes(key, bodies[0])
+        service = GLMService.model_validate(body)
         children = _with_own_scales(namespace, _children(indexes, SERVICE_CHILD_INDEXES, key))
         now = datetime.now(UTC)
         try:
             capabilities = rt.capabilities()
             if capabilities.keda:
                 discover_scaled_objects(rt.kube, body["metadata"]["uid"], namespace, name)
-            activity = (_read_activity(rt.kube, namespace, name)
-                        if long_context_reading_due(body, children, now) else None)
             groups = (_live_leader_worker_sets(rt.kube, namespace, name)
                       if capabilities.leader_worker_set and _multi_node(body) else [])
+            observed = ObservedChildren([*children, *groups])
+            activity = (_read_activity(rt.kube, namespace, name)
+                        if long_context_reading_due(service, observed, now) else None)
             decision = decide_service(
-                body, _model_versions_of(body, indexes["modelversions"], namespace),
-                [*children, *groups], rt.config, rt.profiles, capabilities, now=now,
-                analysis=_canary_analysis(rt.config, body, now),
+                service, _model_versions_of(body, indexes["modelversions"], namespace),
+                observed, rt.config, rt.profiles, capabilities, now=now,
+                analysis=_canary_analysis(rt.config, service, now),
                 long_context_activity=activity)
             corrected: list[str] = []
             _sync_children(rt.kube, body["metadata"]["uid"], decision.desired, children,
@@ -678,8 +681,8 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
                 metrics.CHILD_WRITES.labels(kind="Deployment", action="scale-to-zero").inc()
                 log.info("long-context pool %s/%s idle: scaled to zero", namespace, deployment)
             new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
-            old_status = GLMServiceStatus.model_validate(body.get("status") or {}).model_dump(
-                by_alias=True, mode="json", exclude_none=True)
+            old_status = service.status.model_dump(by_alias=True, mode="json",
+                                                   exclude_none=True)
             if new_status != old_status:
                 _write_status(rt.kube, body, new_status, merge_patch(old_status, new_status))
                 _count_status_change(old_status, new_status)
@@ -776,11 +779,11 @@ def _count_status_change(old: Obj, new: Obj) -> None:
         metrics.ANALYSIS_CHECKS.labels(verdict=last.get("verdict", "")).inc()
 
 
-def _canary_analysis(config: OperatorConfig, body: Obj, now: datetime) -> AnalysisResult | None:
+def _canary_analysis(config: OperatorConfig, service: GLMService,
+                     now: datetime) -> AnalysisResult | None:
     """Query Prometheus when the canary's current step is due for a check, else None."""
-    if ((body.get("status") or {}).get("rollout") or {}).get("strategy") != "canary":
+    if service.status.rollout is None or service.status.rollout.strategy != "canary":
         return None
-    service = GLMService.model_validate(body)
     policy, status = service.spec.rollout, service.status
     window = analysis_window(status.rollout, policy, status.stable_model_version,
                              service.spec.model_version, now)

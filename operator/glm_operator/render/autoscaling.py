@@ -123,12 +123,36 @@ def device_memory_check(autoscaling: Autoscaling, plan: Plan) -> DeviceMemoryChe
         f"{(m.compute + m.overhead) / _GIB:.1f} GiB, allocated by llama.cpp at load")
 
 
-def unusable_targets(autoscaling: Autoscaling, plan: Plan) -> frozenset[str]:
-    """Target fields the HPA must leave out under this plan (see DeviceMemoryCheck)."""
-    check = device_memory_check(autoscaling, plan)
+def _unusable(check: DeviceMemoryCheck | None) -> frozenset[str]:
     if check is None or check.usable:
         return frozenset()
     return frozenset({ACCELERATOR_MEMORY_UTILIZATION.target_field})
+
+
+def unusable_targets(autoscaling: Autoscaling, plan: Plan) -> frozenset[str]:
+    """Target fields the HPA must leave out under this plan (see DeviceMemoryCheck)."""
+    return _unusable(device_memory_check(autoscaling, plan))
+
+
+@dataclass(frozen=True)
+class TargetsChoice:
+    """What the main pool's autoscaler scales on under one plan: the device-memory check
+    (None: no such target) and the HPA metrics of the targets left after it. Made once per
+    render; the HPA, KEDA's triggers and the AutoscalingTargetsValid condition read it."""
+
+    check: DeviceMemoryCheck | None
+    unusable: frozenset[str]  # target fields left out (see DeviceMemoryCheck)
+    metrics: list[dict[str, Any]]  # the HPA's spec.metrics
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [m["pods"]["metric"]["name"] for m in self.metrics]
+
+
+def choose_targets(autoscaling: Autoscaling, plan: Plan) -> TargetsChoice:
+    check = device_memory_check(autoscaling, plan)
+    unusable = _unusable(check)
+    return TargetsChoice(check, unusable, hpa_metrics(autoscaling, unusable))
 
 
 def hpa_metrics(autoscaling: Autoscaling, leave_out: Collection[str] = ()) -> list[dict[str, Any]]:
@@ -170,12 +194,11 @@ def build_hpa(
     owner: dict[str, Any] | None,
     target: ScaleTarget,
     autoscaling: Autoscaling,
-    plan: Plan,
+    targets: TargetsChoice,
 ) -> dict[str, Any] | None:
     """The HPA, or None when no target is usable under the plan: an HPA without metrics
     would scale on CPU, so the pool keeps its size instead (the status says why)."""
-    metrics = hpa_metrics(autoscaling, unusable_targets(autoscaling, plan))
-    if not metrics:
+    if not targets.metrics:
         return None
     return render_object(
         "horizontalpodautoscaler.yaml.j2",
@@ -183,7 +206,7 @@ def build_hpa(
         target=target,
         min_replicas=autoscaling.min_replicas,
         max_replicas=autoscaling.max_replicas,
-        metrics=metrics,
+        metrics=targets.metrics,
         behavior=hpa_behavior(autoscaling),
     )
 

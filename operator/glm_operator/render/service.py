@@ -6,6 +6,10 @@
         (ServiceAccount, Role, RoleBinding for the gateway's wake-up),
         (the long-context activity Lease; ServiceAccount, Role, RoleBinding to renew it)]
 
+`rendered_service` returns the same objects with the choices made on the way (which
+autoscaler, which targets it scales on), so the status reports what was rendered instead of
+deciding it again.
+
 Pure: validated API objects and plans in, plain dicts out, in a fixed order. Children that
 belong to the service as a whole (Services, ServiceMonitor, gateway ServiceAccount) carry no
 version label; children of one version (Deployments, HPA, Role) do.
@@ -22,10 +26,11 @@ from glm_operator.config import OperatorConfig
 from glm_operator.planning.planner import Plan
 from glm_operator.render.autoscaling import (
     ScaleTarget,
+    TargetsChoice,
     build_hpa,
     build_long_context_hpa,
+    choose_targets,
     long_context_hpa_wanted,
-    unusable_targets,
 )
 from glm_operator.render.deployment import (
     ENGINE_COMPONENT,
@@ -75,14 +80,16 @@ from glm_operator.render.rbac import (
     build_service_account,
     scale_rules,
 )
-from glm_operator.render.scaler import choose_scaler
+from glm_operator.render.scaler import ScalerChoice, choose_scaler
 from glm_operator.render.status import plan_summary
 
 __all__ = [
     "Capabilities",
+    "RenderedService",
     "ServiceInputs",
     "plan_summary",
     "render_service",
+    "rendered_service",
     "service_name_for",
 ]
 
@@ -114,6 +121,18 @@ class ServiceInputs:
     # An autoscaled multi-node pool: the groups its leader set runs now (the autoscaler's
     # count, read from the cluster), so each has its workers. None: not created yet.
     live_groups: int | None = None
+
+
+@dataclass(frozen=True)
+class RenderedService:
+    """The children of one service at one model version, and what render chose for them."""
+
+    objects: list[dict[str, Any]]
+    # The main pool's autoscaler: None unless spec.autoscaling is set and with_autoscaler.
+    scaler: ScalerChoice | None = None
+    # What the main pool's autoscaler scales on under the plan (set with spec.autoscaling,
+    # rendered or not: a rollout sizing the version still has its targets judged).
+    targets: TargetsChoice | None = None
 
 
 def main_service_name(service: str) -> str:
@@ -184,6 +203,11 @@ def _check(inputs: ServiceInputs) -> tuple[str, str]:
 
 def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
     """Every child of the service at inputs.model_version, owner references and labels set."""
+    return rendered_service(inputs).objects
+
+
+def rendered_service(inputs: ServiceInputs) -> RenderedService:
+    """`render_service`'s objects, with the autoscaler and targets chosen for them."""
     name, namespace = _check(inputs)
     svc, config = inputs.service, inputs.config
     version = inputs.model_version.metadata.name or ""
@@ -229,12 +253,16 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
 
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
-    if svc.spec.autoscaling is not None and inputs.with_autoscaler:
+    autoscaling = svc.spec.autoscaling
+    targets = choose_targets(autoscaling, inputs.plan) if autoscaling is not None else None
+    scaler = None
+    if autoscaling is not None and targets is not None and inputs.with_autoscaler:
+        scaler = choose_scaler(autoscaling, inputs.capabilities.keda, config.prometheus.url)
         target = (group_scale_target(group_set_name(name, version),
                                      inputs.capabilities.leader_worker_set)
                   if multi_node else ScaleTarget(deployment_name(name, version, MAIN_POOL)))
-        objects += _main_autoscaler(inputs, target, name, namespace, version, version_labels,
-                                    owner)
+        objects += _main_autoscaler(inputs, scaler, targets, target, name, namespace, version,
+                                    version_labels, owner)
     lc_spec = svc.spec.long_context
     if lc_pool is not None and lc_spec is not None and long_context_hpa_wanted(lc_spec):
         objects.append(build_long_context_hpa(
@@ -268,7 +296,7 @@ def render_service(inputs: ServiceInputs) -> list[dict[str, Any]]:
             build_role(lc_role, namespace, sa_labels, owner, activity_lease_rules(lease)),
             build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
-    return objects
+    return RenderedService(objects, scaler, targets)
 
 
 def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, Any] | None,
@@ -291,24 +319,24 @@ def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, 
     return [*build_statefulsets(model, owner), build_headless_service(model, owner), policy]
 
 
-def _main_autoscaler(inputs: ServiceInputs, target: ScaleTarget, name: str, namespace: str,
-                     version: str, version_labels: dict[str, str],
+def _main_autoscaler(inputs: ServiceInputs, scaler: ScalerChoice, targets: TargetsChoice,
+                     target: ScaleTarget, name: str, namespace: str, version: str,
+                     version_labels: dict[str, str],
                      owner: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The main pool's HPA, or its KEDA ScaledObject (same name), or nothing (KEDA asked for
     and not possible: the Autoscaling condition says why)."""
     autoscaling = inputs.service.spec.autoscaling
     assert autoscaling is not None
     prometheus_url = inputs.config.prometheus.url
-    scaler = choose_scaler(autoscaling, inputs.capabilities.keda, prometheus_url).scaler
     labels = {**version_labels, POOL_LABEL: MAIN_POOL}
     hpa_name = deployment_name(name, version, MAIN_POOL)
     built = None
-    if scaler == Scaler.HPA:
-        built = build_hpa(hpa_name, namespace, labels, owner, target, autoscaling, inputs.plan)
-    elif scaler == Scaler.KEDA:
+    if scaler.scaler == Scaler.HPA:
+        built = build_hpa(hpa_name, namespace, labels, owner, target, autoscaling, targets)
+    elif scaler.scaler == Scaler.KEDA:
         assert prometheus_url is not None
         triggers = prometheus_triggers(autoscaling, prometheus_url, namespace, name, version,
-                                       MAIN_POOL, unusable_targets(autoscaling, inputs.plan))
+                                       MAIN_POOL, targets.unusable)
         if triggers:  # as for the HPA: no usable target, no autoscaler (the status says why)
             built = build_scaled_object(hpa_name, namespace, labels, owner, target,
                                         autoscaling, triggers)
