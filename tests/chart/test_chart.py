@@ -16,8 +16,9 @@ import yaml
 from chart_helm import CHART, KUBE_VERSION, REPO, Helm, HelmError  # tests/chart is on sys.path
 from glm_operator import __version__
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers import handlers
+from glm_operator.controllers import indexes
 from glm_operator.controllers.cli import add_arguments
+from glm_operator.wellknown import GROUP
 from pydantic import BaseModel
 
 Obj = dict[str, Any]
@@ -258,14 +259,14 @@ def test_rbac_create_false_renders_no_rbac(render: Render) -> None:
 
 
 def test_every_kind_the_operator_watches_is_listed_and_watched() -> None:
-    """kopf indexes every child kind (controllers/handlers.py): list and watch each."""
+    """kopf indexes every child kind (controllers/indexes.py): list and watch each."""
     watched = [(group, plural) for group, _, plural in
-               (*handlers.SERVICE_CRD_CHILDREN, *handlers.MODEL_VERSION_CHILDREN)]
-    watched += [(handlers.GROUP, "glmservices"), (handlers.GROUP, "modelversions")]
+               (*indexes.SERVICE_CRD_CHILDREN, *indexes.MODEL_VERSION_CHILDREN)]
+    watched += [(GROUP, "glmservices"), (GROUP, "modelversions")]
     for group, plural in watched:
         for verb in ("list", "watch"):
             assert allows(NAMESPACED_RULES, group, plural, verb), (group, plural, verb)
-    for group, _, plural in (*handlers.SERVICE_CRD_CHILDREN, *handlers.MODEL_VERSION_CHILDREN):
+    for group, _, plural in (*indexes.SERVICE_CRD_CHILDREN, *indexes.MODEL_VERSION_CHILDREN):
         for verb in ("create", "patch", "delete"):  # kube/client.py apply, create, delete
             assert allows(NAMESPACED_RULES, group, plural, verb), (group, plural, verb)
 
@@ -299,7 +300,7 @@ def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> No
 
     roles = _rendered_roles()
     granted = [rule for role in roles for rule in role["rules"]]
-    granted += (scale_rules("any") + model_version_status_rules(handlers.GROUP, "any")
+    granted += (scale_rules("any") + model_version_status_rules(GROUP, "any")
                 + activity_lease_rules("any"))
     assert {r for rule in granted for r in rule["resources"]} == {
         "modelversions", "modelversions/status", "deployments/scale", "leases"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from glm_operator.controllers.handlers import _groups_settling, _multi_node
+from glm_operator.controllers.reconcile_service import _groups_settling, _multi_node
 
 NAME = "chat-glm46"
 

@@ -6,11 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from glm_operator.controllers.handlers import (
-    _created_by_plain_create,
-    _plain,
-    _replicas_ours_alone,
-)
+from glm_operator.controllers.indexes import plain as _plain
+from glm_operator.controllers.ownership import created_by_plain_create as _created_by_plain_create
+from glm_operator.controllers.ownership import replicas_ours_alone as _replicas_ours_alone
 from glm_operator.kube.client import FIELD_MANAGER
 
 APPLY: dict[str, Any] = {"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "apps/v1",
@@ -69,7 +67,10 @@ def test_an_older_operators_create_entry_stays_visible_after_an_autoscaler_took_
 
 
 def test_the_cache_keeps_compact_json_and_hands_out_fresh_copies() -> None:
-    from glm_operator.controllers.handlers import Cached, _cached, _namespace_objects, _thaw
+    from glm_operator.controllers.indexes import Cached
+    from glm_operator.controllers.indexes import cached as _cached
+    from glm_operator.controllers.indexes import namespace_objects as _namespace_objects
+    from glm_operator.controllers.indexes import thaw as _thaw
     body = deployment(APPLY, STATUS)
     entry = _cached(body)
     assert isinstance(entry.json, bytes) and _thaw(entry) == _plain(body)
@@ -98,9 +99,9 @@ def test_reads_from_worker_threads_survive_kopf_changing_the_index(
     import threading
     import time
 
-    from glm_operator.controllers import handlers
+    from glm_operator.controllers import indexes
     from kopf._core.engines.indexing import OperatorIndexer
-    monkeypatch.setattr(handlers, "COPY_ATTEMPTS", attempts)
+    monkeypatch.setattr(indexes, "COPY_ATTEMPTS", attempts)
     indexer = OperatorIndexer()
     stop = threading.Event()
 
@@ -111,7 +112,7 @@ def test_reads_from_worker_threads_survive_kopf_changing_the_index(
             body = {"metadata": {"namespace": "n", "name": f"svc{n % 20}", "uid": f"u{n}"},
                     "spec": {"modelVersion": "glm-4"}}
             indexer.replace(("n", f"svc{n % 20}", f"u{n}"),
-                            {("n", f"svc{n % 20}"): handlers._cached(body)})
+                            {("n", f"svc{n % 20}"): indexes.cached(body)})
             if n > 30:
                 indexer.discard(("n", f"svc{(n - 30) % 20}", f"u{n - 30}"))
 
@@ -124,9 +125,9 @@ def test_reads_from_worker_threads_survive_kopf_changing_the_index(
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             try:
-                handlers._lookup(indexer.index, ("n", "svc3"))
-                handlers._namespace_objects(indexer.index, "n", mentioning="glm-4")
-                handlers._copied(indexer.index)
+                indexes.lookup(indexer.index, ("n", "svc3"))
+                indexes.namespace_objects(indexer.index, "n", mentioning="glm-4")
+                indexes.copied(indexer.index)
             except RuntimeError:
                 failures += 1
     finally:

@@ -1,6 +1,6 @@
 """A connection the API server drops (it restarts) is a KubeError like any failed call, so
-the reconcile that made it is retried soon (handlers._retry_later), not crashed into kopf's
-one-minute retry. Shown end to end by e2e/test_chaos.py."""
+the reconcile that made it is retried soon (`retry_later`, controllers/reconcile.py), not
+crashed into kopf's one-minute retry. Shown end to end by e2e/test_chaos.py."""
 
 from __future__ import annotations
 

@@ -96,15 +96,16 @@ def test_nothing_to_do_when_asleep_or_kept_up(spec: LongContext | None, awake: b
 
 
 def test_a_scale_to_zero_counts_before_the_watch_shows_it() -> None:
-    from glm_operator.controllers import handlers
+    from glm_operator.controllers.own_writes import OwnWrites
 
-    handlers._scaled_to_zero[("ns", "chat-v1-lc")] = "7"
+    writes = OwnWrites()
+    writes.scaled_to_zero[("ns", "chat-v1-lc")] = "7"
     stale = {"kind": "Deployment", "metadata": {"name": "chat-v1-lc", "resourceVersion": "7"},
              "spec": {"replicas": 2}}
-    (seen,) = handlers._with_own_scales("ns", [stale])
+    (seen,) = writes.with_own_scales("ns", [stale])
     assert seen["spec"]["replicas"] == 0 and stale["spec"]["replicas"] == 2
     woken = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "9"},
              "spec": {"replicas": 1}}  # the watch caught up (and a gateway woke it since)
-    (seen,) = handlers._with_own_scales("ns", [woken])
+    (seen,) = writes.with_own_scales("ns", [woken])
     assert seen["spec"]["replicas"] == 1
-    assert ("ns", "chat-v1-lc") not in handlers._scaled_to_zero
+    assert ("ns", "chat-v1-lc") not in writes.scaled_to_zero

@@ -51,10 +51,10 @@ def test_every_handler_and_index_filters_by_namespace() -> None:
     # With globs every kind is watched cluster-wide: a handler without the filter would
     # reconcile, index or annotate other operators' objects.
     import kopf
-    from glm_operator.controllers import handlers
+    from glm_operator.controllers import triggers
     from glm_operator.controllers.scope import in_scope
 
-    assert handlers  # registers the handlers
+    assert triggers  # registers the handlers
     registry = kopf.get_default_registry()
     found = [h for r in (registry._indexing, registry._watching, registry._changing,
                          registry._spawning) for h in r.get_all_handlers()]

@@ -19,7 +19,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from glm_operator.config import OperatorConfig
-from glm_operator.controllers import handlers
+from glm_operator.controllers import scheduled, triggers
 from glm_operator.controllers.handling_watch import WATCH, HandlingStuck
 from glm_operator.controllers.relists import QuietRelistWatch
 from glm_operator.controllers.scope import NamespaceScope
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     config = OperatorConfig.load(args.config) if args.config else OperatorConfig()
     kube = KubeClient.from_environment(args.kubeconfig)
     elector = LeaderElector(kube, lease_settings(args)) if args.leader_elect else None
-    handlers.configure(handlers.Runtime(
-        kube=kube, config=config, profiles=config.profiles))
+    assert triggers  # importing it registers every kopf handler
+    scheduled.start(kube, config, config.profiles)
     _configure_logging(args)
     if args.metrics_port:
         start_http_server(args.metrics_port)
@@ -157,7 +157,7 @@ def _run_kopf(args: argparse.Namespace) -> None:
 
     @kopf.on.startup()
     def _start_resync(**_: Any) -> None:
-        threading.Thread(target=handlers.resync_forever, args=(args.resync_seconds, stop_resync),
+        threading.Thread(target=scheduled.resync_forever, args=(args.resync_seconds, stop_resync),
                          name="glm-resync", daemon=True).start()
 
     @kopf.on.cleanup()

@@ -1,6 +1,6 @@
 """Reconciles asked for at a later time: a canary's next check, the end of a drain, a
 progress deadline. kopf's own timers would put a finalizer on every GLMService (see
-`handlers.resync_forever`), so one thread keeps a heap of due times instead."""
+`scheduled.resync_forever`), so one thread keeps a heap of due times instead."""
 
 from __future__ import annotations
 
