@@ -78,6 +78,7 @@ class Write:
     step: Step
     obj: Obj  # the desired object; the live one for a hand-over or a delete
     why: Drift | str  # the first difference, or why this write is planned
+    live: Obj | None = None  # the live object whose create entry is retired
 
 
 def _kind(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -194,7 +195,7 @@ def _watched_writes(obj: Obj, current: Obj | None) -> list[Write]:
             return [Write(Step.CREATE_HANDED_OVER, obj, Drift(DriftReason.MISSING, "."))]
         if created_by_plain_create(current):
             return [Write(Step.RETIRE_CREATE_ENTRY, obj,
-                          Drift(DriftReason.INTENT_CHANGED, "metadata.managedFields"))]
+                          Drift(DriftReason.INTENT_CHANGED, "metadata.managedFields"), current)]
     writes = []
     if hands_off_replicas(obj) and current is not None and replicas_ours_alone(current):
         # A pool whose size a rollout set is handed to its autoscaler: another manager takes
@@ -208,7 +209,7 @@ def _watched_writes(obj: Obj, current: Obj | None) -> list[Write]:
 
 
 def execute(kube: KubeClient, owner_uid: str, plan: list[Write], optional: OptionalChildren,
-            live: Mapping[Ref, Obj], corrected: list[str] | None = None) -> int:
+            corrected: list[str] | None = None) -> int:
     """Carry out the plan; return the writes made. Children restored after someone else's
     edit are named in `corrected`."""
     writes = 0
@@ -240,7 +241,8 @@ def execute(kube: KubeClient, owner_uid: str, plan: list[Write], optional: Optio
             hand_over_replicas(kube, created)
             writes += 2
         elif write.step is Step.RETIRE_CREATE_ENTRY:
-            writes += retire_create_entry(kube, live[_ref(obj)])
+            assert write.live is not None
+            writes += retire_create_entry(kube, write.live)
             _apply(kube, obj, _drift(write))
             writes += 1
         elif write.step is Step.HAND_OVER_REPLICAS:
@@ -274,7 +276,7 @@ def sync_children(kube: KubeClient, owner_uid: str, desired: list[Obj], live: li
                   corrected: list[str] | None = None) -> int:
     """Plan the writes and execute them; return the writes made."""
     plan = plan_writes(owner_uid, desired, live, retained, optional.known(owner_uid))
-    return execute(kube, owner_uid, plan, optional, {_ref(o): o for o in live}, corrected)
+    return execute(kube, owner_uid, plan, optional, corrected)
 
 
 def drift_events(corrected: list[str]) -> list[tuple[str, str, str]]:

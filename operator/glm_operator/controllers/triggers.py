@@ -44,6 +44,8 @@ from glm_operator.wellknown import GROUP, VERSION
 
 log = logging.getLogger("glm_operator")
 
+_Handler = Callable[..., None]
+
 
 # --- indexes (indexes.py) -----------------------------------------------------------------------
 
@@ -115,9 +117,17 @@ for _kind in WATCHED_KINDS:
 # --- reconciles ---------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "glmservices", when=in_scope)
-@kopf.on.create(GROUP, VERSION, "glmservices", when=in_scope)
-@kopf.on.update(GROUP, VERSION, "glmservices", when=in_scope)
+def _on_change(plural: str) -> Callable[[_Handler], _Handler]:
+    """`on.resume`, `on.create` and `on.update` of one of our kinds, stacked on one function
+    (level-triggered: each runs the whole reconcile)."""
+    def register(handler: _Handler) -> _Handler:
+        for on in (kopf.on.update, kopf.on.create, kopf.on.resume):
+            on(GROUP, VERSION, plural, when=in_scope)(handler)  # returns the handler as is
+        return handler
+    return register
+
+
+@_on_change("glmservices")
 def glmservice_changed(**kw: Any) -> None:
     WATCH.handled()
     reconcile_service(kw["namespace"], kw["name"], kw)
@@ -136,9 +146,7 @@ for _g, _v, _p in SERVICE_CRD_CHILDREN:
         _on_service_child)
 
 
-@kopf.on.resume(GROUP, VERSION, "modelversions", when=in_scope)
-@kopf.on.create(GROUP, VERSION, "modelversions", when=in_scope)
-@kopf.on.update(GROUP, VERSION, "modelversions", when=in_scope)
+@_on_change("modelversions")
 def modelversion_changed(**kw: Any) -> None:
     WATCH.handled()
     reconcile_model_version(kw["namespace"], kw["name"], kw)

@@ -1,2 +1,3 @@
-"""What the operator decides, from what it observed (pure: no kopf, no API calls, no clocks
-read, no threads). controllers/ observes, calls these, and applies what they return."""
+"""What the operator decides, from what it observed (pure: no kopf, no API client, no threads,
+no sleeping; the time is an argument). controllers/ observes, calls these, and applies what
+they return."""
