@@ -1,4 +1,4 @@
-"""The gateway's HTTP/1.1 server (gateway/http.py), spoken to over raw sockets: what a front
+"""The gateway's HTTP/1.1 server (gateway/wire/http.py), spoken to over raw sockets: what a front
 door must get right besides the happy path."""
 
 from __future__ import annotations

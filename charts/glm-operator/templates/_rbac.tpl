@@ -1,6 +1,6 @@
 {{/*
 The operator's permissions, listed once. Derived from the code (docs/install.md has the
-table): what the kopf handlers and indexes watch (controllers/handlers.py), what kube/client.py
+table): what the kopf handlers and indexes watch (controllers/indexes.py, controllers/triggers.py), what kube/client.py
 writes (server-side apply = patch, create, delete), what kopf itself needs, and what the
 operator hands out in the Roles it renders (render/rbac.py): Kubernetes lets it grant only
 what it holds, so those verbs are here too. tests/chart pins every rule; no wildcards.

@@ -1,6 +1,6 @@
 """Renew the long-context pool's activity Lease, asynchronously, with the pod's own token.
 
-The mark the operator reads to put the pool to sleep (controllers/long_context.py): a merge
+The mark the operator reads to put the pool to sleep (decide/long_context.py): a merge
 patch of `spec.renewTime` (and `spec.holderIdentity`, the pod that saw the request) under
 the gateway's own field manager. The operator's applied intent holds only
 `leaseDurationSeconds` (the pool's idleSeconds), which the answer carries back.

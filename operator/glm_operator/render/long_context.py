@@ -3,7 +3,7 @@ renew it, and how long a gateway waits for the pool to wake.
 
 The pool goes 0 -> 1 when a main-pool gateway wakes it (scale subresource), 1 -> N by its own
 HPA (render/autoscaling.py), and N -> 0 when the operator finds the activity Lease older than
-`idleSeconds` (controllers/long_context.py). The Lease is the signal because it outlives
+`idleSeconds` (decide/long_context.py). The Lease is the signal because it outlives
 every process: the pool's gateways renew it while they serve long requests (and the waking
 gateway before it scales), the operator only reads it. A Lease rather than an annotation on
 the Deployment: the gateways may then patch one Lease, not the Deployment (whose pod template
