@@ -105,6 +105,11 @@ class GatewayConfig:
     rate_limit_tokens_per_minute: int = 0  # per key, prompt + completion; 0 disables
     rate_limit_store: RateLimitStoreConfig | None = None  # None: each pod counts on its own
     max_body_bytes: int = 4 * 1024 * 1024
+    max_connections: int = 1024
+    max_buffered_bytes: int = 64 * 1024 * 1024
+    max_in_flight_per_key: int = 0  # 0: unlimited
+    write_stall_timeout_seconds: float = 30.0
+    drain_seconds: float = 25.0
     stop_sequences: tuple[str, ...] = ()
     audit: str = "off"  # off | stdout | a file path
     audit_include_text: bool = False
@@ -117,6 +122,13 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if self.pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {self.pool!r}")
+        for name in ("max_connections", "max_buffered_bytes", "write_stall_timeout_seconds",
+                     "drain_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_in_flight_per_key < 0:
+            raise ValueError("max_in_flight_per_key must be 0 (unlimited) or more, "
+                             f"got {self.max_in_flight_per_key}")
         if self.pool == "long-context" and self.long_context_url:
             raise ValueError("the long-context pool cannot overflow to another long-context pool")
         if self.engine_socket is not None:
@@ -246,6 +258,11 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         rate_limit_tokens_per_minute=args.rate_limit_tokens_per_minute,
         rate_limit_store=store,
         max_body_bytes=args.max_body_bytes,
+        max_connections=args.max_connections,
+        max_buffered_bytes=args.max_buffered_bytes,
+        max_in_flight_per_key=args.max_in_flight_per_key,
+        write_stall_timeout_seconds=args.write_stall_timeout,
+        drain_seconds=args.drain_seconds,
         stop_sequences=tuple(stops),
         audit=args.audit,
         audit_include_text=args.audit_include_text,

@@ -141,6 +141,20 @@ FLAGS: tuple[Flag, ...] = (
          "seconds the Redis may take per request before it counts as unavailable", float,
          0.05),
     Flag("--max-body-bytes", "request body limit, 413 above it", int, 4 * 1024 * 1024),
+    Flag("--max-connections",
+         "client connections held at once; one more is answered 503 and closed", int, 1024),
+    Flag("--max-buffered-bytes",
+         "request bytes all connections may hold at once (heads and bodies being read); a "
+         "request that would pass it is answered 503", int, 64 * 1024 * 1024),
+    Flag("--max-in-flight-per-key",
+         "requests one API key may have running at once, 429 above it; 0 = unlimited", int,
+         0),
+    Flag("--write-stall-timeout",
+         "seconds a client may leave written bytes unread before its stream is ended (499) "
+         "and the engine's slot freed", float, 30.0),
+    Flag("--drain-seconds",
+         "after SIGTERM, seconds running requests get to finish (the operator sizes it from "
+         "the longest generation the service allows)", float, 25.0),
     Flag("--stop", "a stop sequence of the model, added to every request (repeatable)",
          kind="repeated"),
     Flag("--audit", "off | stdout | a file path: one JSON line per request", default="off"),
