@@ -80,8 +80,9 @@ def test_bad_completion_prompt(prompt: Any) -> None:
 
 @pytest.mark.parametrize("prompt", ["hello", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
 def test_good_completion_prompt(prompt: Any) -> None:
-    parsed = parse_request(json.dumps({"prompt": prompt}).encode(), "completions")
-    assert parsed.payload["prompt"] == prompt
+    parsed = parse_request(json.dumps({"prompt": prompt}).encode(), "completions",
+                           keep_prompt=True)
+    assert parsed.prompt == prompt
 
 
 def test_valid_body_passes_through_byte_for_byte() -> None:
@@ -92,9 +93,16 @@ def test_valid_body_passes_through_byte_for_byte() -> None:
     assert parsed.stream is True
 
 
+def test_only_the_fields_the_pipeline_needs_outlive_the_parse() -> None:
+    parsed = parse_request(chat(max_completion_tokens=7), "chat")
+    assert (parsed.max_tokens, parsed.prompt, parsed.stream) == (7, None, False)
+    assert not hasattr(parsed, "payload") and not hasattr(parsed, "__dict__")
+    kept = parse_request(chat(max_tokens=3, max_completion_tokens=7), "chat", keep_prompt=True)
+    assert kept.max_tokens == 3 and kept.prompt == json.loads(chat())["messages"]
+
+
 def test_model_stop_sequences_are_added_after_the_clients() -> None:
     parsed = parse_request(chat(stop="END"), "chat", ("<|user|>", "END"))
-    assert parsed.payload["stop"] == ["END", "<|user|>"]
     assert json.loads(parsed.body)["stop"] == ["END", "<|user|>"]
     parsed = parse_request(chat(), "chat", ("<|user|>",))
     assert json.loads(parsed.body)["stop"] == ["<|user|>"]

@@ -32,7 +32,7 @@ from glm_operator.gateway.pools.activity import ActivityMarker, activity_lease, 
 from glm_operator.gateway.pools.kv_cache import KvCacheProbe
 from glm_operator.gateway.pools.overflow import Overflow
 from glm_operator.gateway.pools.wake import LongContextWaker
-from glm_operator.gateway.proxy import Answer, Proxy, error_response, request_id
+from glm_operator.gateway.proxy import Answer, Proxy, client_request_id, error_response
 from glm_operator.gateway.upstream import (
     HttpUpstream,
     PooledEngine,
@@ -47,6 +47,10 @@ from glm_operator.gateway.wire.relay import EngineConnector
 
 log = logging.getLogger(__name__)
 
+# An engine's exposition is a few hundred KiB at most (vLLM's histograms per model); more is
+# not metrics, and is not held in this process.
+MAX_ENGINE_METRICS_BYTES = 8 * 1024 * 1024
+
 
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
@@ -60,6 +64,7 @@ class Gateway:
                                         "model_version": config.model_version,
                                         "pool": config.pool}, config.audit_include_text)
         self.warmed = not config.warmup
+        self.draining = False  # SIGTERM came: not ready, running requests finish (cli.py)
         self.started_at = int(time.time())
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -87,7 +92,7 @@ class Gateway:
                                                             ).retry_after_seconds)
         self.proxy = Proxy(whole, streams, overflow, keys, limits, audit, metrics,
                            config.max_body_bytes, config.stop_sequences, config.context_length,
-                           config.engine_slots, relayed)
+                           config.engine_slots, relayed, config.max_in_flight_per_key)
         labels = metrics.labels
         # Read when scraped, not written per request: the hot path only counts.
         metrics.in_flight.labels(**labels).set_function(lambda: self.proxy.in_flight)
@@ -117,6 +122,7 @@ class Gateway:
             router.add(method, "/readyz", self.readyz)
             router.add(method, "/enginez", self.enginez)
             router.add(method, "/metrics", self.metrics_endpoint)
+            router.add(method, "/metrics/engine", self.engine_metrics)
         return HttpServer(router, self.config.max_body_bytes)
 
     async def start(self) -> None:
@@ -245,6 +251,8 @@ class Gateway:
         return json_response({"status": "ok"})
 
     async def readyz(self, _request: Request) -> Answer:
+        if self.draining:
+            return json_response({"status": "draining"}, status=503)
         if not self.warmed:
             return json_response({"status": "warming up"}, status=503)
         if not await self._engine_healthy():
@@ -270,13 +278,46 @@ class Gateway:
         return Response(200, generate_latest(self.metrics.registry),
                         {"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def engine_metrics(self, _request: Request) -> Answer:
+        """The engine's own /metrics (llama.cpp's with --metrics, vLLM's), passed through as
+        it wrote them: the engine listens on loopback only, and its prefix-cache hits, queue
+        and preemptions are what an operator watches. Prometheus adds namespace and pod; the
+        ServiceMonitor scrapes it as a second endpoint (render/monitoring.py)."""
+        timeout = aiohttp.ClientTimeout(total=self.config.engine_health_timeout_seconds)
+        try:
+            async with self.session.get(self.config.engine_url + "/metrics",
+                                        timeout=timeout) as response:
+                if response.status != 200:
+                    return json_response({"status": "engine metrics unavailable",
+                                          "engine_status": response.status}, status=502)
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    size += len(chunk)
+                    if size > MAX_ENGINE_METRICS_BYTES:  # counted as it arrives
+                        return json_response({"status": "engine metrics larger than "
+                                                        f"{MAX_ENGINE_METRICS_BYTES} bytes"},
+                                             status=502)
+                    chunks.append(chunk)
+                body = b"".join(chunks)
+                content_type = response.headers.get("Content-Type", CONTENT_TYPE_LATEST)
+        except TimeoutError:
+            return json_response({"status": "engine metrics unavailable", "detail":
+                                  f"no answer within "
+                                  f"{self.config.engine_health_timeout_seconds:g} s"},
+                                 status=503)
+        except aiohttp.ClientError as exc:
+            return json_response({"status": "engine metrics unavailable",
+                                  "detail": str(exc) or type(exc).__name__}, status=503)
+        return Response(200, body, {"Content-Type": content_type})
+
     async def not_found(self, request: Request) -> Answer:
         return error_response(GatewayError(404, f"Unknown path {request.method} "
                                                 f"{request.path}.", "invalid_request_error",
                                            None, "not_found"), "")
 
     async def models(self, request: Request) -> Answer:
-        rid = request.headers.get("x-request-id") or request_id()
+        rid = client_request_id(request.headers)
         try:
             self.proxy.authenticate(request)
         except GatewayError as err:

@@ -24,6 +24,8 @@ class Call:
     # gateway, which counts and charges it in the same store.
     shared_admission: bool = False
     handed_over: bool = False
+    reserved_tokens: int = 0  # taken from the key's budget at admission (accounting.py)
+    holds_key_slot: bool = False  # counted in the key's requests in flight (proxy.py)
 
     def whole_answer(self, status: int, body: bytes, include_text: bool) -> None:
         """A whole answer's usage (and text, for the audit log)."""

@@ -11,7 +11,6 @@ import signal
 from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.app import Gateway
 
-SHUTDOWN_TIMEOUT_SECONDS = 25.0  # below the pod's default 30 s grace period
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
@@ -59,14 +58,19 @@ def run(args: argparse.Namespace) -> int:
         type(loop).__module__.split(".")[0],
     )
     try:
-        loop.run_until_complete(serve(gateway, config.host, config.port))
+        loop.run_until_complete(serve(gateway, config.host, config.port, config.drain_seconds))
     finally:
         loop.close()
     return 0
 
 
-async def serve(gateway: Gateway, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT, then let running requests finish (up to 25 s)."""
+async def serve(gateway: Gateway, host: str, port: int, drain_seconds: float) -> None:
+    """Serve until SIGTERM or SIGINT, then drain: /readyz answers 503, the listener closes, a
+    request arriving on a kept-alive connection is refused (503, Connection: close), and the
+    running ones get up to `drain_seconds` to finish (a long generation included: the
+    operator sizes it, and the pod's grace period above it, from the service's longest
+    generation). The pod's preStop wait comes before the SIGTERM, so by then the endpoints
+    no longer send it new connections."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,7 +80,9 @@ async def serve(gateway: Gateway, host: str, port: int) -> None:
     try:
         await server.start(host, port)
         await stop.wait()
-        logging.getLogger(__name__).info("stopping: finishing %d requests", server.in_flight)
-        await server.stop(SHUTDOWN_TIMEOUT_SECONDS)
+        gateway.draining = True
+        logging.getLogger(__name__).info("draining: finishing %d requests (up to %g s)",
+                                         server.in_flight, drain_seconds)
+        await server.stop(drain_seconds)
     finally:
         await gateway.stop()

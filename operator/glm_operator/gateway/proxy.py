@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import re
 import time
+from collections.abc import Mapping
 
 from glm_operator.gateway.call import Call
 from glm_operator.gateway.openai import errors
 from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.openai.usage import context_overflow
 from glm_operator.gateway.openai.validation import Endpoint, ParsedRequest, parse_request
-from glm_operator.gateway.policy.accounting import tokens_to_charge
+from glm_operator.gateway.policy.accounting import tokens_to_charge, tokens_to_reserve
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED, AuditLog, AuditRecord
 from glm_operator.gateway.policy.keys import ApiKeyStore
 from glm_operator.gateway.policy.limits import KeyLimits
@@ -36,9 +38,23 @@ ANONYMOUS = "anonymous"
 Answer = Response | Streamed
 
 
+# A client's X-Request-Id is kept when it is a plain token of at most 128 characters: it is
+# echoed in a header and written to the audit log, so anything else (60 KB of it, control
+# characters, a second id joined by ", ") gets a fresh id instead.
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+
+
 def request_id() -> str:
     # A name for the logs, not a secret: no system call for randomness on the hot path.
     return f"{random.getrandbits(64):016x}"
+
+
+def client_request_id(headers: Mapping[str, str]) -> str:
+    """The client's X-Request-Id when it is a plain token, else a new id."""
+    given = headers.get("x-request-id")
+    if given is not None and _CLIENT_REQUEST_ID.fullmatch(given):
+        return given
+    return request_id()
 
 
 def error_response(err: GatewayError, rid: str) -> Response:
@@ -55,8 +71,8 @@ class Proxy:
     def __init__(self, whole: Upstream, streams: Upstream, overflow: Overflow,
                  keys: ApiKeyStore | None, limits: KeyLimits | None, audit: AuditLog,
                  metrics: GatewayMetrics, max_body_bytes: int, stop_sequences: tuple[str, ...],
-                 context_length: int, engine_slots: int, relayed: Upstream | None = None
-                 ) -> None:
+                 context_length: int, engine_slots: int, relayed: Upstream | None = None,
+                 max_in_flight_per_key: int = 0) -> None:
         self.whole = whole
         self.streams = streams
         self.relayed = relayed  # streams to HTTP/1.1 clients, where the relay applies
@@ -71,6 +87,8 @@ class Proxy:
         self.context_length = context_length
         self.engine_slots = engine_slots
         self.activity: ActivityMarker | None = None  # long-context pool: renews its Lease
+        self.max_in_flight_per_key = max_in_flight_per_key  # 0: unlimited
+        self.key_in_flight: dict[str, int] = {}  # only keys with requests running
         self.in_flight = 0
         self.at_engine = 0
 
@@ -91,8 +109,36 @@ class Proxy:
             )
         key_id = self.keys.check(key.strip())
         if key_id is None:
-            raise errors.unauthorized("Incorrect API key provided.")
+            raise errors.unauthorized("Incorrect API key provided.", bad_key=True)
         return key_id
+
+    def refuse_unauthenticated(self, request: Request) -> Response | None:
+        """The check of a request's head, before its body is read (wire/http.py): a request
+        without a valid key is answered 401 before a byte of its body is buffered, and gets
+        no `100 Continue`. The key found is kept on the request for the pipeline."""
+        try:
+            request.key_id = self.authenticate(request)
+        except GatewayError as err:
+            return error_response(err, client_request_id(request.headers))
+        return None
+
+    def _take_key_slot(self, call: Call) -> None:
+        """One more request running for its key, or the 429 when it has its most."""
+        key_id = call.record.key_id
+        running = self.key_in_flight.get(key_id, 0)
+        if running >= self.max_in_flight_per_key:
+            raise errors.too_many_in_flight(self.max_in_flight_per_key)
+        self.key_in_flight[key_id] = running + 1
+        call.holds_key_slot = True
+
+    def _free_key_slot(self, call: Call) -> None:
+        key_id = call.record.key_id
+        running = self.key_in_flight.get(key_id, 1) - 1
+        if running > 0:
+            self.key_in_flight[key_id] = running
+        else:
+            self.key_in_flight.pop(key_id, None)  # idle keys take no memory
+        call.holds_key_slot = False
 
     async def chat_completions(self, request: Request) -> Answer:
         return await self.handle(request, "chat", "/v1/chat/completions")
@@ -102,26 +148,28 @@ class Proxy:
 
     async def handle(self, request: Request, endpoint: Endpoint, path: str) -> Answer:
         started = time.perf_counter()
-        rid = request.headers.get("x-request-id") or request_id()
+        rid = client_request_id(request.headers)
         call = Call(AuditRecord(request_id=rid, endpoint=endpoint), started)
         record = call.record
         self.in_flight += 1
         try:
             try:
-                record.key_id = self.authenticate(request)
+                record.key_id = request.key_id or self.authenticate(request)
+                if self.max_in_flight_per_key:
+                    self._take_key_slot(call)
                 if self.limits is not None:
                     call.shared_admission = await self.limits.admit(record.key_id)
                 if request.too_large:
                     raise errors.too_large(self.max_body_bytes)
-                parsed = parse_request(request.body, endpoint, self.stop_sequences)
+                parsed = parse_request(request.body, endpoint, self.stop_sequences,
+                                       keep_prompt=self.audit.include_text)
+                request.body = b""  # the engine gets parsed.body; the client's copy goes
                 record.stream = parsed.stream
+                record.prompt = parsed.prompt
                 call.request_bytes = len(parsed.body)
-                max_tokens = parsed.payload.get("max_tokens",
-                                                parsed.payload.get("max_completion_tokens"))
-                call.max_tokens = max_tokens if isinstance(max_tokens, int) else None
-                if self.audit.include_text:
-                    record.prompt = parsed.payload.get("messages" if endpoint == "chat"
-                                                       else "prompt")
+                call.max_tokens = parsed.max_tokens
+                if self.limits is not None and self.limits.limits.tokens_per_minute > 0:
+                    await self._reserve(call)
                 response = await self._served(request, parsed, path, call)
             except GatewayError as err:
                 record.error_code = err.code
@@ -195,9 +243,18 @@ class Proxy:
         return Response(answer.status, answer.body, {"Content-Type": answer.content_type,
                                                      "X-Request-Id": call.record.request_id})
 
+    async def _reserve(self, call: Call) -> None:
+        """Take the most the request may cost from its key's budget now (accounting.py)."""
+        assert self.limits is not None
+        call.reserved_tokens = tokens_to_reserve(call, self.limits.limits.tokens_per_minute,
+                                                 self.context_length)
+        await self.limits.charge(call.record.key_id, call.reserved_tokens)
+
     async def _account(self, call: Call) -> None:
         """A finished request in the metrics, the audit log and its key's token budget."""
         self.in_flight -= 1
+        if call.holds_key_slot:
+            self._free_key_slot(call)
         record = call.record
         elapsed = time.perf_counter() - call.started
         record.duration_ms = elapsed * 1000
@@ -205,8 +262,11 @@ class Proxy:
                             None if record.ttft_ms is None else record.ttft_ms / 1000,
                             record.prompt_tokens, record.completion_tokens)
         self.audit.write(record)
-        if self.limits is not None and not call.handed_over:
-            charge = self.limits.charge(record.key_id, tokens_to_charge(call))
+        if self.limits is not None:
+            # Settled against the reservation: what was not used goes back. A request handed
+            # over to the long-context pool is charged there, so all of it goes back.
+            used = 0 if call.handed_over else tokens_to_charge(call)
+            charge = self.limits.charge(record.key_id, used - call.reserved_tokens)
             # Shielded when it waits for the store: a client that went away cancels the
             # request, not its charge.
             await (asyncio.shield(charge) if self.limits.store is not None else charge)

@@ -20,12 +20,17 @@ class GatewayError(Exception):
     param: str | None = None
     code: str | None = None
     retry_after: int | None = None
+    # A 401's challenge (RFC 9110 11.6.1: a 401 MUST carry WWW-Authenticate).
+    challenge: str | None = None
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.param, self.code)
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        if self.challenge is not None:
+            headers["WWW-Authenticate"] = self.challenge
+        return headers
 
 
 def error_body(message: str, type_: str, param: str | None = None,
@@ -39,8 +44,20 @@ def invalid(param: str, message: str, code: str = "invalid_value") -> GatewayErr
     return GatewayError(400, message, "invalid_request_error", param, code)
 
 
-def unauthorized(message: str) -> GatewayError:
-    return GatewayError(401, message, "invalid_request_error", None, "invalid_api_key")
+def unauthorized(message: str, bad_key: bool = False) -> GatewayError:
+    # RFC 6750 3: no error code when no key came, invalid_token for a wrong one.
+    challenge = 'Bearer realm="glm-operator"' + (', error="invalid_token"' if bad_key else "")
+    return GatewayError(401, message, "invalid_request_error", None, "invalid_api_key",
+                        challenge=challenge)
+
+
+def too_many_in_flight(limit: int) -> GatewayError:
+    return GatewayError(
+        429,
+        f"This API key already has {limit} requests running on this replica, the most it "
+        "may (gateway --max-in-flight-per-key); retry when one finishes.",
+        "requests", None, "too_many_concurrent_requests", 1,
+    )
 
 
 def rate_limited(retry_after: int, limit_rps: float) -> GatewayError:

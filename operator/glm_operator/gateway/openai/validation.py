@@ -20,11 +20,16 @@ MAX_STOP_SEQUENCES = 16
 MAX_TOKENS_LIMIT = 10_000_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    payload: dict[str, Any]
+    """What the pipeline keeps of a valid request. Not the parsed JSON: a decoded body costs
+    about 15 times its bytes (every string and list a Python object), and a request may run
+    for minutes, so only these few fields outlive the parse."""
+
     body: bytes  # what goes to the engine: the client's bytes unless we changed a field
     stream: bool
+    max_tokens: int | None = None  # max_tokens, else max_completion_tokens, as asked
+    prompt: Any = None  # messages or prompt, only when asked for (audit with text)
 
 
 def _is_number(value: Any) -> bool:
@@ -165,8 +170,10 @@ def merge_stop(user: Any, model_stops: tuple[str, ...]) -> list[str]:
 
 
 def parse_request(body: bytes, endpoint: Endpoint,
-                  model_stops: tuple[str, ...] = ()) -> ParsedRequest:
-    """Validate a request body; return the payload and the bytes to send to the engine."""
+                  model_stops: tuple[str, ...] = (), keep_prompt: bool = False
+                  ) -> ParsedRequest:
+    """Validate a request body; return the bytes to send to the engine and the few fields the
+    pipeline needs (the prompt itself only with `keep_prompt`)."""
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -185,4 +192,7 @@ def parse_request(body: bytes, endpoint: Endpoint,
         if merged != payload.get("stop"):
             payload["stop"] = merged
             body = json.dumps(payload, separators=(",", ":")).encode()
-    return ParsedRequest(payload=payload, body=body, stream=stream)
+    max_tokens = payload.get("max_tokens", payload.get("max_completion_tokens"))
+    prompt = payload.get("messages" if endpoint == "chat" else "prompt") if keep_prompt \
+        else None
+    return ParsedRequest(body, stream, max_tokens if _is_int(max_tokens) else None, prompt)

@@ -149,8 +149,9 @@ class KeyLimits:
         return ADMITTED
 
     async def charge(self, key_id: str, tokens: int) -> None:
-        """Take what a finished request used from the key's token budget."""
-        if tokens <= 0 or self.limits.tokens_per_minute <= 0:
+        """Take `tokens` from the key's token budget (a reservation, or what a request used
+        beyond its reservation), or give them back when negative (accounting.py)."""
+        if tokens == 0 or self.limits.tokens_per_minute <= 0:
             return
         if self.store is not None and self.health.should_try():
             try:

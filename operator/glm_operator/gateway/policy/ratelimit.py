@@ -86,11 +86,13 @@ class TokenBudget:
         return max(1, math.ceil((1.0 - balance) / self.rate))
 
     def charge(self, key: str, tokens: int) -> None:
-        """Take what a request actually used; the balance may go below zero."""
-        if tokens <= 0:
+        """Take `tokens` (a reservation, or what a request used beyond it; the balance may go
+        below zero), or give them back when negative (a reservation not used; never above a
+        full bucket)."""
+        if tokens == 0:
             return
         now = self._clock()
-        self._buckets[key] = (self._balance(key, now) - tokens, now)
+        self._buckets[key] = (min(self.capacity, self._balance(key, now) - tokens), now)
         if now - self._last_sweep > IDLE_EVICT_SECONDS:
             self._sweep(now)
 

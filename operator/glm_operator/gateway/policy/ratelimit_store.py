@@ -83,11 +83,13 @@ end
 return {0, 0, ''}
 """
 
-# KEYS: token budget. ARGV: refill per second, capacity, tokens used. Returns the balance.
+# KEYS: token budget. ARGV: refill per second, capacity, tokens taken (negative: given back).
+# Returns the balance.
 CHARGE_SCRIPT = _BUCKET_FUNCTIONS + """
 local now = now_seconds()
 local rate, capacity = tonumber(ARGV[1]), tonumber(ARGV[2])
-local balance = refill(KEYS[1], capacity, rate, now) - tonumber(ARGV[3])
+-- A negative charge gives back a reservation not used, never above a full bucket.
+local balance = math.min(capacity, refill(KEYS[1], capacity, rate, now) - tonumber(ARGV[3]))
 store(KEYS[1], balance, capacity, rate, now)
 return string.format('%.17g', balance)
 """

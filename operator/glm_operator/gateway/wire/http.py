@@ -53,6 +53,7 @@ class Request:
     body: bytes = b""
     too_large: bool = False  # the body passed the limit: not kept, and the connection closes
     keep_alive: bool = True  # what the client asked (HTTP version and Connection header)
+    key_id: str | None = None  # the API key's id, when a head check found it (proxy.py)
 
     @property
     def transport(self) -> asyncio.Transport:
