@@ -241,7 +241,8 @@ def _row(r: Result) -> str:
 def summary(results: list[Result]) -> str:
     lines = ["", f"container limit {CONTAINER_LIMIT_MIB} MiB; peak / before, after / before:"]
     for r in results:
-        lines.append(f"  {r.attack:15} {r.gateway:22} peak x{r.rss_peak_mib / r.rss_before_mib:5.2f}"
+        lines.append(f"  {r.attack:15} {r.gateway:22} "
+                     f"peak x{r.rss_peak_mib / r.rss_before_mib:5.2f}"
                      f"  after x{r.rss_after_mib / r.rss_before_mib:5.2f}"
                      f"  {'under' if r.rss_peak_mib < CONTAINER_LIMIT_MIB else 'OVER'} limit")
     peaks = [r.rss_peak_mib for r in results if r.gateway == "gateway"]
