@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from glm_operator.api.glmservice import RolloutStrategy
+from glm_operator.api.glmservice_status import FINISHED_PHASES
+
 RECONCILES = Counter(
     "glm_operator_reconciles_total",
     "Reconciles by kind and result (ok, error, or coalesced: an event folded into a reconcile "
@@ -44,3 +47,19 @@ ANALYSIS_CHECKS = Counter(
     "Canary analysis checks, by verdict (Passed, Failed, InsufficientTraffic, Unavailable).",
     ["verdict"],
 )
+
+# Label sets that start at 0 when the process starts, rather than at their first event. A
+# rollback or a plan failure is rare: without its series, the dashboard's "Rollbacks (24h)"
+# and "Plan failures (1h)" read "No data" (a Grafana user cannot tell that from a broken
+# scrape) instead of 0, and increase() misses the first event (a series first seen at 1 has
+# not increased), so the alerts on them would not fire for it. The panels keep their
+# legends (`reason`), which `or vector(0)` in the query would lose.
+# Rollout results as reconcile_service records them: the finished phases and Superseded.
+ROLLOUT_RESULTS = (*sorted(str(phase) for phase in FINISHED_PHASES), "Superseded")
+# The reasons of Planned=False (decide/versions.py), the only ones this counter counts.
+PLAN_FAILURE_REASONS = ("Infeasible",)
+for _strategy in RolloutStrategy:
+    for _result in ROLLOUT_RESULTS:
+        ROLLOUTS.labels(strategy=str(_strategy), result=_result)
+for _reason in PLAN_FAILURE_REASONS:
+    PLAN_FAILURES.labels(reason=_reason)
