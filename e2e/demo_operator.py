@@ -56,7 +56,8 @@ def manifests(sha256: str) -> list[dict[str, Any]]:
         {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
          "metadata": {"name": SERVICE, "namespace": NAMESPACE},
          "spec": {"modelVersion": MODEL_VERSION, "accelerator": {"profile": "cpu"},
-                  "contextLength": 2048, "concurrency": 2, "replicas": 1}},
+                  "contextLength": 2048, "concurrency": 2, "replicas": 1,
+                  "gateway": {"access": "Open"}}},  # a local demo: no keys
     ]
 
 

@@ -93,7 +93,8 @@ def test_defaults_printer_columns_and_scale(
         "apiVersion": "serving.glm-operator.dev/v1alpha1",
         "kind": "GLMService",
         "metadata": {"name": "minimal"},
-        "spec": {"modelVersion": "some-model", "accelerator": {"profile": "nvidia-l4"}},
+        "spec": {"modelVersion": "some-model", "accelerator": {"profile": "nvidia-l4"},
+                 "gateway": {"access": "Open"}},
     }
     kubectl.apply(minimal, namespace)
     spec = kubectl.get_json("glms", "minimal", "-n", namespace)["spec"]

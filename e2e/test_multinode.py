@@ -53,7 +53,8 @@ SERVICE = {
     "metadata": {"name": NAME},
     "spec": {"modelVersion": VERSION, "engine": "llamacpp",
              "accelerator": {"profile": "nvidia-l4", "count": 8},
-             "contextLength": 8192, "concurrency": 1, "replicas": 1},
+             "contextLength": 8192, "concurrency": 1, "replicas": 1,
+             "gateway": {"access": "Open"}},
 }
 
 

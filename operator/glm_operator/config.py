@@ -64,6 +64,30 @@ class ProbeTuning(BaseModel):
     timeout_seconds: int = Field(default=10, ge=1)
 
 
+class TerminationTuning(BaseModel):
+    """How a model pod stops without cutting the generations it is running.
+
+    The kubelet runs each container's preStop hook, then sends it SIGTERM. The gateway's hook
+    waits `endpointRemovalSeconds` while the pod, already marked not ready by the endpoints
+    controller, leaves the Service's endpoints (kube-proxy, a mesh, a cloud load balancer
+    follow within seconds) and keeps serving what still arrives; after SIGTERM it accepts
+    nothing new and lets running requests finish for the drain: min(spec.gateway.
+    maxDrainSeconds, context per request / the decode floor), the longest generation the
+    pool allows. The engine (and a group's workers) wait out both, so they never stop under
+    a generation. terminationGracePeriodSeconds adds `exitMarginSeconds` for the exits.
+    """
+
+    model_config = _MODEL
+
+    endpoint_removal_seconds: int = Field(default=10, ge=1, le=300)
+    # The slowest decode a request is assumed to get with every slot busy: tokens per
+    # second per request. Prefill runs many times faster per token, so counting the whole
+    # context at this rate bounds prompt and completion together.
+    decode_tokens_per_second: float = Field(default=20.0, gt=0, le=10000)
+    cpu_decode_tokens_per_second: float = Field(default=2.0, gt=0, le=10000)
+    exit_margin_seconds: int = Field(default=5, ge=1, le=300)
+
+
 class ContainerResources(BaseModel):
     """Fixed requests/limits for our own small containers (gateway, fetcher)."""
 
@@ -145,6 +169,7 @@ class OperatorConfig(BaseModel):
     default_storage_class: str | None = None
     accelerator_profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     probes: ProbeTuning = Field(default_factory=ProbeTuning)
+    termination: TerminationTuning = Field(default_factory=TerminationTuning)
     gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 from glm_operator.api import (
+    ADMITTED,
+    Access,
     Condition,
     ConditionStatus,
     GLMService,
@@ -24,6 +26,7 @@ def service_spec(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "modelVersion": "glm4-9b-q4km",
         "accelerator": {"profile": "nvidia-a10"},
+        "gateway": {"apiKeysSecret": "keys"},
     }
     spec.update(overrides)
     return spec
@@ -40,6 +43,8 @@ def test_minimal_service_gets_documented_defaults() -> None:
     assert spec.rollout.strategy == "surge"
     assert spec.gateway.audit.enabled is True
     assert spec.gateway.audit.include_prompts is False
+    assert spec.gateway.effective_access == Access.API_KEYS
+    assert spec.gateway.max_drain_seconds == 300
 
 
 def test_wire_names_are_camel_case_and_round_trip() -> None:
@@ -91,11 +96,35 @@ def test_unknown_spec_field_is_refused_by_name() -> None:
         ({"gateway": {"rateLimit": {"burst": 5}}}, "requestsPerMinute or tokensPerMinute"),
         ({"rollout": {"interval": "five minutes"}}, "interval"),
         ({"modelVersion": "Not_A_Name"}, "modelVersion"),
+        ({"gateway": {}}, "apiKeysSecret is required"),
+        ({"gateway": {"access": "APIKeys"}}, "apiKeysSecret is required"),
+        ({"gateway": {"access": "Open", "apiKeysSecret": "keys"}}, "remove one of them"),
+        ({"gateway": {"apiKeysSecret": "keys", "maxDrainSeconds": 0}}, "maxDrainSeconds"),
+        ({"gateway": {"apiKeysSecret": "keys", "maxDrainSeconds": 3601}}, "maxDrainSeconds"),
     ],
 )
 def test_invalid_service_specs_are_refused(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace(".", r"\.")):
         GLMServiceSpec.model_validate(service_spec(**overrides))
+
+
+def test_open_access_is_a_choice() -> None:
+    spec = GLMServiceSpec.model_validate(service_spec(gateway={"access": "Open"}))
+    assert spec.gateway.effective_access == Access.OPEN
+
+
+def test_an_admitted_object_from_before_the_choice_still_parses() -> None:
+    """A GLMService stored before spec.gateway.access existed: the API server admitted it,
+    so the operator parses it (and reports OpenAccess) instead of failing its reconcile."""
+    legacy = service_spec(gateway={"rateLimit": {"requestsPerMinute": 60}})
+    with pytest.raises(ValidationError, match="apiKeysSecret is required"):
+        GLMServiceSpec.model_validate(legacy)
+    spec = GLMServiceSpec.model_validate(legacy, context={ADMITTED: True})
+    assert spec.gateway.effective_access is None
+    with pytest.raises(ValidationError, match="remove one of them"):
+        GLMServiceSpec.model_validate(
+            service_spec(gateway={"access": "Open", "apiKeysSecret": "k"}),
+            context={ADMITTED: True})
 
 
 def test_allowed_engine_args_pass() -> None:

@@ -519,6 +519,8 @@ FULL_CONFIG: Obj = {
                "vllmStartupExtraSeconds": 600, "startupPeriodSeconds": 5,
                "minStartupSeconds": 120, "livenessPeriodSeconds": 20,
                "livenessFailureThreshold": 3, "readinessPeriodSeconds": 2, "timeoutSeconds": 5},
+    "termination": {"endpointRemovalSeconds": 15, "decodeTokensPerSecond": 30.0,
+                    "cpuDecodeTokensPerSecond": 3.0, "exitMarginSeconds": 10},
     "gatewayResources": {"cpuRequest": "200m", "memoryRequest": "64Mi", "cpuLimit": "2",
                          "memoryLimit": "256Mi"},
     "fetch": {"backoffLimit": 5, "minThroughputMibPerSecond": 20, "minDeadlineSeconds": 600,

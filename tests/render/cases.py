@@ -164,7 +164,7 @@ GOLDEN_SPECS: dict[tuple[str, str], dict[str, Any]] = {
             "env": [{"name": "LLAMA_LOG_VERBOSITY", "value": "1"}],
             "priorityClassName": "llm-serving",
         },
-        "gateway": {"audit": {"enabled": False}},
+        "gateway": {"access": "Open", "audit": {"enabled": False}},
     },
     ("vllm", "a10"): {},
     ("vllm", "a100x2"): {
@@ -173,7 +173,8 @@ GOLDEN_SPECS: dict[tuple[str, str], dict[str, Any]] = {
                         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 1800}}},
     },
     ("vllm", "ascend910b"): {
-        "gateway": {"rateLimit": {"requestsPerMinute": 120, "burst": 5,
+        "gateway": {"access": "Open",
+                    "rateLimit": {"requestsPerMinute": 120, "burst": 5,
                                   "tokensPerMinute": 100000,
                                   "store": {"redis": {"address": "redis.cache.svc:6379",
                                                       "tls": True,

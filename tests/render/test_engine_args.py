@@ -139,7 +139,8 @@ def test_plan_request_from_api_objects_prefers_measured_facts() -> None:
     })
     svc = GLMService.model_validate({"metadata": {"name": "s"}, "spec": {
         "modelVersion": "air", "accelerator": {"profile": "nvidia-h200"},
-        "longContext": {"enabled": True, "contextLength": 131072}}})
+        "longContext": {"enabled": True, "contextLength": 131072},
+        "gateway": {"access": "Open"}}})
     request = plan_request_for(svc, mv)
     assert request.engine == "llamacpp"
     assert request.quantization == "Q4_K_M"
@@ -160,7 +161,8 @@ def test_plan_request_without_facts_is_a_clear_error() -> None:
         "spec": {"source": {"uri": "https://h/m.gguf"}, "format": "gguf",
                  "quantization": "Q4_K_M"}})
     svc = GLMService.model_validate({"metadata": {"name": "s"}, "spec": {
-        "modelVersion": "bare", "accelerator": {"profile": "cpu"}}})
+        "modelVersion": "bare", "accelerator": {"profile": "cpu"},
+        "gateway": {"access": "Open"}}})
     with pytest.raises(ModelFactsUnknown, match=r"bare: model facts unknown \(architecture, "
                        r"blockCount, embeddingLength, headCount, contextLength\)"):
         plan_request_for(svc, mv)

@@ -21,7 +21,8 @@ EXTRA: dict[str, ServiceInputs] = {
     # llama.cpp with a long-context pool, tokens and a shared store; no keys
     "llamacpp-store": inputs(service(
         "llamacpp", "a10", longContext={"enabled": True, "contextLength": 65536},
-        gateway={"rateLimit": {"requestsPerMinute": 100, "tokensPerMinute": 50000,
+        gateway={"access": "Open",
+                 "rateLimit": {"requestsPerMinute": 100, "tokensPerMinute": 50000,
                                "store": STORE}}), model_version("gguf")),
 }
 CASES: dict[str, ServiceInputs] = {

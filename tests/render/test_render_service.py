@@ -476,7 +476,8 @@ def test_rate_limits_reach_the_gateway(rate_limit: dict[str, int],
 
     from glm_operator.gateway import config as gateway_config
 
-    svc = service("llamacpp", "a10", gateway={"rateLimit": rate_limit})
+    svc = service("llamacpp", "a10", gateway={"apiKeysSecret": "chat-keys",
+                                              "rateLimit": rate_limit})
     deployment = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")[0]
     parser = argparse.ArgumentParser()
     gateway_config.add_arguments(parser)
@@ -509,7 +510,8 @@ def test_the_shared_store_reaches_the_gateway_and_its_password_only_from_the_sec
                        "passwordSecret": {"name": "redis-auth", "key": "password"}},
              "onUnavailable": "Deny", "timeout": "80ms"}
     svc = service("llamacpp", "a10", longContext={"enabled": True, "contextLength": 65536},
-                  gateway={"rateLimit": {"requestsPerMinute": 60, "store": store}})
+                  gateway={"apiKeysSecret": "chat-keys",
+                           "rateLimit": {"requestsPerMinute": 60, "store": store}})
     deployments = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")
     assert len(deployments) == 2  # both pools share the store
     for deployment in deployments:
@@ -527,7 +529,8 @@ def test_the_shared_store_reaches_the_gateway_and_its_password_only_from_the_sec
 
 
 def test_without_a_store_the_gateway_counts_per_pod() -> None:
-    svc = service("llamacpp", "a10", gateway={"rateLimit": {"requestsPerMinute": 60}})
+    svc = service("llamacpp", "a10",
+                  gateway={"apiKeysSecret": "chat-keys", "rateLimit": {"requestsPerMinute": 60}})
     deployment = by_kind(render_service(inputs(svc, model_version("gguf"))), "Deployment")[0]
     gateway = container(deployment, "gateway")
     assert "env" not in gateway and "--rate-limit-redis" not in gateway["args"]

@@ -10,8 +10,10 @@ from glm_operator.api.conditions import (
     set_condition,
 )
 from glm_operator.api.glmservice import (
+    ADMITTED,
     OPERATOR_OWNED_ENGINE_FLAGS,
     Accelerator,
+    Access,
     Audit,
     Autoscaling,
     AutoscalingTargets,
@@ -58,11 +60,13 @@ from glm_operator.api.modelversion import (
 )
 
 __all__ = [
+    "ADMITTED",
     "API_VERSION",
     "GROUP",
     "OPERATOR_OWNED_ENGINE_FLAGS",
     "VERSION",
     "Accelerator",
+    "Access",
     "AnalysisResult",
     "Audit",
     "Autoscaling",

@@ -13,7 +13,7 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from glm_operator.api.base import (
     API_VERSION,
@@ -475,18 +475,75 @@ class Audit(SpecModel):
     )
 
 
+class Access(StrEnum):
+    """Who the gateway serves (spec.gateway.access)."""
+
+    API_KEYS = "APIKeys"  # a key from spec.gateway.apiKeysSecret on every /v1 request
+    OPEN = "Open"  # anyone who reaches the Service, without a key
+
+
+MAX_DRAIN_SECONDS = 3600
+DEFAULT_MAX_DRAIN_SECONDS = 300
+# The two access rules, shared by the CEL on GLMServiceSpec and the pydantic check.
+ACCESS_NOT_CHOSEN = (
+    "spec.gateway.apiKeysSecret is required: name a Secret whose every value is an API key, "
+    "or set spec.gateway.access: Open to serve anyone who reaches the Service without a key"
+)
+ACCESS_CONTRADICTS_KEYS = (
+    "spec.gateway.access Open serves without keys, yet spec.gateway.apiKeysSecret names "
+    "keys: remove one of them"
+)
+# Validation context under which an object the API server already admitted is parsed: it
+# may predate the access rule (a GLMService stored before spec.gateway.access existed), and
+# the operator reports that (condition OpenAccess) rather than refusing to reconcile it.
+ADMITTED = "admitted"
+
+
 class Gateway(SpecModel):
     """The OpenAI-compatible gateway sidecar in front of each engine."""
 
+    access: Access | None = Field(
+        default=None,
+        description=(
+            "APIKeys (implied by apiKeysSecret) or Open. A GLMService must choose: without "
+            "apiKeysSecret it is refused unless access is Open, so an endpoint never serves "
+            "anyone by omission. Open: condition OpenAccess=True (Warning) says so."
+        ),
+    )
     api_keys_secret: SecretName | None = Field(
         default=None,
         description=(
             "Secret whose every data value is one valid API key (several at once, for "
-            "rotation; reloaded without restart). Without it the endpoint is open."
+            "rotation; reloaded without restart). Required unless access is Open. While it "
+            "does not exist, condition ResolvedRefs=False names it."
         ),
     )
     rate_limit: RateLimit | None = Field(default=None, description="Per-key rate limit.")
     audit: Audit = Field(default_factory=Audit, description="Audit log.")
+    max_drain_seconds: int = Field(
+        default=DEFAULT_MAX_DRAIN_SECONDS,
+        ge=1,
+        le=MAX_DRAIN_SECONDS,
+        description=(
+            "Upper bound on how long a stopping model pod (scale-down, rollout, node drain, "
+            "eviction) lets the requests it is running finish, once it has left the "
+            "Service's endpoints. Each pool gets min(maxDrainSeconds, the longest generation "
+            "it allows), the longest generation being its context per request (prompt plus "
+            "completion never exceed it) at the operator's decode floor "
+            "(termination.decodeTokensPerSecond, default 20 tokens/s per request; "
+            "cpuDecodeTokensPerSecond, 2, on the cpu profile). The pod's "
+            "terminationGracePeriodSeconds is the endpoint-removal wait before SIGTERM "
+            "(termination.endpointRemovalSeconds, 10) + this drain + an exit margin (5)."
+        ),
+    )
+
+    @property
+    def effective_access(self) -> Access | None:
+        """APIKeys when keys are named, Open when chosen; None: neither (an object admitted
+        before the choice was required)."""
+        if self.api_keys_secret:
+            return Access.API_KEYS
+        return Access.OPEN if self.access == Access.OPEN else None
 
 
 class CanaryAnalysis(SpecModel):
@@ -708,6 +765,18 @@ class GLMServiceSpec(SpecModel):
                     "message": "longContext.contextLength must be larger than contextLength",
                     "fieldPath": ".longContext.contextLength",
                 },
+                {
+                    "rule": "has(self.gateway) && (has(self.gateway.apiKeysSecret) || "
+                    "(has(self.gateway.access) && self.gateway.access == 'Open'))",
+                    "message": ACCESS_NOT_CHOSEN,
+                    "fieldPath": ".gateway",
+                },
+                {
+                    "rule": "!has(self.gateway) || !has(self.gateway.access) || "
+                    "self.gateway.access != 'Open' || !has(self.gateway.apiKeysSecret)",
+                    "message": ACCESS_CONTRADICTS_KEYS,
+                    "fieldPath": ".gateway.access",
+                },
             ]
         }
     }
@@ -794,7 +863,12 @@ class GLMServiceSpec(SpecModel):
         return args
 
     @model_validator(mode="after")
-    def _cross_field(self) -> GLMServiceSpec:
+    def _cross_field(self, info: ValidationInfo) -> GLMServiceSpec:
+        gateway = self.gateway
+        if gateway.access == Access.OPEN and gateway.api_keys_secret:
+            raise ValueError(ACCESS_CONTRADICTS_KEYS)
+        if gateway.effective_access is None and not (info.context or {}).get(ADMITTED):
+            raise ValueError(ACCESS_NOT_CHOSEN)
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError("replicas and autoscaling are mutually exclusive: set one")
         if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:

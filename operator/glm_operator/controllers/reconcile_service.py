@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from glm_operator.api import GLMService
+from glm_operator.api import ADMITTED, GLMService
 from glm_operator.controllers import metrics
 from glm_operator.controllers.analysis import canary_analysis
 from glm_operator.controllers.apply import LEADER_WORKER_SET, drift_events, sync_children
@@ -68,7 +68,9 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         if not bodies or bodies[0]["metadata"].get("deletionTimestamp"):
             return
         body = rt.own_writes.with_own_status(key, bodies[0])
-        service = GLMService.model_validate(body)
+        # Admitted by the API server, perhaps before a newer rule (spec.gateway.access):
+        # parsed as stored, the decision reports what the rule would refuse.
+        service = GLMService.model_validate(body, context={ADMITTED: True})
         live = rt.own_writes.with_own_scales(namespace,
                                              children(indexes, SERVICE_CHILD_INDEXES, key))
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from glm_operator.api import GLMService, ModelVersion
+from glm_operator.api import ADMITTED, GLMService, ModelVersion
 from glm_operator.api.glmservice import GLMServiceSpec
 from glm_operator.decide.rollout import RolloutDecision
 from glm_operator.planning.accelerators import AcceleratorProfile
@@ -160,7 +160,8 @@ def _stable_service(service: GLMService, frozen: Mapping[str, Any] | None) -> GL
     if not frozen:
         return service
     try:
-        spec = GLMServiceSpec.model_validate(frozen)
+        # Recorded by an earlier reconcile from an admitted spec, perhaps before newer rules.
+        spec = GLMServiceSpec.model_validate(frozen, context={ADMITTED: True})
     except ValidationError:
         return service  # written by another operator version; the current spec is the best guess
     return service.model_copy(update={"spec": spec})

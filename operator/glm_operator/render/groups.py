@@ -50,7 +50,6 @@ from glm_operator.render.pod import (
     MODEL_MOUNT,
     POD_NAME_ENV,
     POD_NAME_VAR,
-    TERMINATION_GRACE_SECONDS,
     PoolContext,
     container_security_context,
     engine_env,
@@ -60,6 +59,8 @@ from glm_operator.render.pod import (
     gateway_resources,
     placement,
     pod_spec,
+    pre_stop_sleep,
+    termination,
     volumes,
 )
 from glm_operator.wellknown import PLAN_HASH_ANNOTATION, PREFIX
@@ -181,7 +182,7 @@ class GroupModel:
             "securityContext": engine_pod_security_context(ctx),
             **placement(ctx),
         }
-        spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
+        spec["terminationGracePeriodSeconds"] = termination(ctx).grace_seconds
         spec["containers"] = [self._worker_container(leader_address)]
         names = {m["name"] for m in spec["containers"][0]["volumeMounts"]}
         spec["volumes"] = [v for v in volumes(ctx) if v["name"] in names]
@@ -215,6 +216,9 @@ class GroupModel:
             "command": argv[:1],
             "args": argv[1:],
             "env": [{"name": k, "value": v} for k, v in env.items()],
+            # As the leader's engine: a worker stopped first would fail the group's
+            # generations while the leader's gateway drains them.
+            "lifecycle": pre_stop_sleep(termination(ctx).engine_wait_seconds),
             "resources": engine_resources(ctx),
             "volumeMounts": mounts,
             **probes,

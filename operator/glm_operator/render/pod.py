@@ -48,7 +48,6 @@ TMP_SIZE = {"llamacpp": 1 * mem.GiB, "vllm": 20 * mem.GiB}  # vLLM: torch.compil
 # CANN compiles kernels at first use and caches them (ASCEND_CACHE_PATH, render/ascend.py).
 ASCEND_LLAMACPP_TMP_SIZE = 4 * mem.GiB
 GATEWAY_TMP_SIZE = 64 * mem.MiB
-TERMINATION_GRACE_SECONDS = 30  # the gateway drains within 25 s (gateway/cli.py)
 
 # vLLM writes caches under $HOME and downloads nothing: the root filesystem is read-only and
 # the model is already on the volume.
@@ -246,6 +245,52 @@ def gateway_probes(config: OperatorConfig) -> dict[str, dict[str, Any]]:
     }
 
 
+# ---------------------------------------------------------------- termination
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a pod of the pool stops (config.TerminationTuning has the why): the gateway waits
+    `endpoint_removal_seconds` before its SIGTERM, then drains for `drain_seconds`; the
+    engine and a group's workers wait out both before theirs."""
+
+    endpoint_removal_seconds: int  # the gateway's preStop sleep
+    drain_seconds: int  # the gateway's --drain-seconds
+    exit_margin_seconds: int
+
+    @property
+    def engine_wait_seconds(self) -> int:
+        """The engine's (and workers') preStop sleep: it outlives the gateway's drain."""
+        return self.endpoint_removal_seconds + self.drain_seconds
+
+    @property
+    def grace_seconds(self) -> int:
+        """terminationGracePeriodSeconds: preStop wait + drain + the exits."""
+        return self.engine_wait_seconds + self.exit_margin_seconds
+
+
+def longest_generation_seconds(ctx: PoolContext) -> int:
+    """The longest generation the pool allows: its context per request (prompt plus
+    completion never exceed it) at the decode floor, the slowest per-request rate assumed
+    with every slot busy. Counting the prompt at the decode rate bounds the prefill too."""
+    context, _ = engine_context_and_slots(ctx.plan)
+    tuning = ctx.config.termination
+    rate = (tuning.cpu_decode_tokens_per_second if ctx.plan.profile.is_cpu
+            else tuning.decode_tokens_per_second)
+    return math.ceil(context / rate)
+
+
+def termination(ctx: PoolContext) -> Termination:
+    tuning = ctx.config.termination
+    drain = min(ctx.service.spec.gateway.max_drain_seconds, longest_generation_seconds(ctx))
+    return Termination(tuning.endpoint_removal_seconds, drain, tuning.exit_margin_seconds)
+
+
+def pre_stop_sleep(seconds: int) -> dict[str, Any]:
+    """The kubelet's own sleep action (no shell, no binary in the image needed)."""
+    return {"preStop": {"sleep": {"seconds": seconds}}}
+
+
 # ---------------------------------------------------------------- resources
 
 
@@ -338,7 +383,9 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     mounts += driver_mounts(ctx.plan.profile, ctx.config)
     env = _env_list(engine_env(ctx), user_env)
-    lifecycle: dict[str, Any] = {}
+    # The engine stops only after the gateway has drained: SIGTERM would end its
+    # generations (llama-server and vLLM both stop at once).
+    lifecycle: dict[str, Any] = pre_stop_sleep(termination(ctx).engine_wait_seconds)
     if any(f"$({POD_NAME_ENV})" in a for a in argv):
         env.insert(0, POD_NAME_VAR)
     if ctx.plan.vllm is not None and ctx.plan.vllm.pipeline_parallel_size > 1:
@@ -346,7 +393,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         # node's devices), started beside `vllm serve`, whose Ray executor connects to it and
         # waits for the workers' Ray nodes to join.
         env.append({"name": "RAY_ADDRESS", "value": f"127.0.0.1:{RAY_PORT}"})
-        lifecycle = {"lifecycle": {"postStart": {"exec": {"command": ray_head_argv()}}}}
+        lifecycle = {"postStart": {"exec": {"command": ray_head_argv()}}, **lifecycle}
     return {
         "name": ENGINE_CONTAINER,
         "image": engine_image(ctx),
@@ -354,7 +401,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         "args": argv[split:],
         # No `ports`: the engine is reachable on loopback only, never through a Service.
         "env": env,
-        **lifecycle,
+        "lifecycle": lifecycle,
         "resources": engine_resources(ctx),
         "volumeMounts": mounts,
         **engine_probes(ctx),
@@ -431,6 +478,7 @@ def gateway_flag_values(ctx: PoolContext) -> dict[str, Any]:
     flags["stop"] = list(stop_sequences(ctx.plan.request.facts.architecture))
     flags["audit"] = "stdout" if gw.audit.enabled else "off"
     flags["audit_include_text"] = gw.audit.enabled and gw.audit.include_prompts
+    flags["drain_seconds"] = termination(ctx).drain_seconds
     return flags
 
 
@@ -450,6 +498,9 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
         **({"env": env} if env else {}),
         "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": config.gateway_port,
                    "protocol": "TCP"}],
+        # Serving on while the endpoints drop the pod (it is not ready from the moment it
+        # is deleted): SIGTERM, and the end of accepting, come after this.
+        "lifecycle": pre_stop_sleep(termination(ctx).endpoint_removal_seconds),
         "resources": gateway_resources(config),
         "volumeMounts": mounts,
         **gateway_probes(config),
@@ -540,7 +591,7 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
     spec["securityContext"] = engine_pod_security_context(ctx)
     spec.update(placement(ctx))
-    spec["terminationGracePeriodSeconds"] = TERMINATION_GRACE_SECONDS
+    spec["terminationGracePeriodSeconds"] = termination(ctx).grace_seconds
     spec["containers"] = [engine_container(ctx), gateway_container(ctx)]
     spec["volumes"] = volumes(ctx)
     return spec
