@@ -24,10 +24,11 @@ ENGINE_METRICS = (b"# HELP llamacpp:prompt_tokens_total Number of prompt tokens 
 class HeldEngine:
     """Answers like llama-server; a request whose prompt says "hold" waits for `release`."""
 
-    def __init__(self, with_metrics: bool = True) -> None:
+    def __init__(self, with_metrics: bool = True, cut_streams: bool = False) -> None:
         self.release = asyncio.Event()
         self.held = 0
         self.with_metrics = with_metrics
+        self.cut_streams = cut_streams  # a stream ends after one event, without [DONE]
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -49,8 +50,14 @@ class HeldEngine:
     async def metrics(self, _request: web.Request) -> web.Response:
         return web.Response(body=ENGINE_METRICS, content_type="text/plain", charset="utf-8")
 
-    async def chat(self, request: web.Request) -> web.Response:
+    async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if body.get("stream") and self.cut_streams:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
+            await response.write_eof()
+            return response
         if "hold" in json.dumps(body.get("messages")):
             self.held += 1
             await self.release.wait()

@@ -242,7 +242,8 @@ async def test_chat_models_and_metrics(engine: tuple[FakeEngine, str]) -> None:
         assert raw.startswith(b"data: ") and raw.endswith(b"data: [DONE]\n\n")
         text = await (await client.get("/metrics")).text()
         labels = 'model_version="v1",pool="main",service="glm"'
-        assert f'glm_gateway_requests_total{{code="200",endpoint="chat",{labels}}} 2.0' in text
+        assert ('glm_gateway_requests_total{code="200",endpoint="chat",model_version="v1",'
+                'outcome="completed",pool="main",service="glm"} 2.0') in text
         assert f"glm_gateway_completion_tokens_total{{{labels}}} 5.0" in text
         assert f'glm_gateway_time_to_first_token_seconds_count{{endpoint="chat",{labels}}} 1.0' \
             in text

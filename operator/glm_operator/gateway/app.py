@@ -92,11 +92,13 @@ class Gateway:
                                                             ).retry_after_seconds)
         self.proxy = Proxy(whole, streams, overflow, keys, limits, audit, metrics,
                            config.max_body_bytes, config.stop_sequences, config.context_length,
-                           config.engine_slots, relayed, config.max_in_flight_per_key)
+                           config.engine_slots, relayed, config.max_in_flight_per_key,
+                           config.first_token_overdue_seconds, config.request_overdue_seconds)
         labels = metrics.labels
         # Read when scraped, not written per request: the hot path only counts.
         metrics.in_flight.labels(**labels).set_function(lambda: self.proxy.in_flight)
         metrics.queued.labels(**labels).set_function(self.proxy.queued_now)
+        metrics.overdue.labels(**labels).set_function(self.proxy.overdue_now)
         self._ready_gauge = metrics.ready.labels(**labels)
 
     @property

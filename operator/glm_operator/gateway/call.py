@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from glm_operator.gateway.openai.sse import StreamCapture
 from glm_operator.gateway.openai.usage import completion_text, token_counts
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED, AuditRecord
+from glm_operator.gateway.policy.outcomes import STREAM_BROKEN
 
 
 @dataclass(slots=True)
@@ -26,6 +27,11 @@ class Call:
     handed_over: bool = False
     reserved_tokens: int = 0  # taken from the key's budget at admission (accounting.py)
     holds_key_slot: bool = False  # counted in the key's requests in flight (proxy.py)
+    capture: StreamCapture | None = None  # a stream's books while it runs (upstream.py)
+
+    def had_first_byte(self) -> bool:
+        """The client has had some of the answer (a stream's first chunk)."""
+        return self.capture is not None and self.capture.first_at is not None
 
     def whole_answer(self, status: int, body: bytes, include_text: bool) -> None:
         """A whole answer's usage (and text, for the audit log)."""
@@ -45,6 +51,9 @@ class Call:
             # The client has the whole answer: if it hangs up before the chunked body's last
             # bytes, that is not a request it gave up on.
             record.status = 200
+        if complete and not capture.delivered and record.error_code is None:
+            # The engine ended the body without the stream's last event: it broke off.
+            record.error_code = STREAM_BROKEN
         if capture.delivered or complete:
             record.prompt_tokens, record.completion_tokens = token_counts(capture.last_events())
         if complete and capture.keep_all:

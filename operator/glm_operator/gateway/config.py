@@ -110,6 +110,8 @@ class GatewayConfig:
     max_in_flight_per_key: int = 0  # 0: unlimited
     write_stall_timeout_seconds: float = 30.0
     drain_seconds: float = 25.0
+    first_token_overdue_seconds: float = 0.0  # 0: never
+    request_overdue_seconds: float = 0.0  # 0: never
     stop_sequences: tuple[str, ...] = ()
     audit: str = "off"  # off | stdout | a file path
     audit_include_text: bool = False
@@ -126,6 +128,8 @@ class GatewayConfig:
                      "drain_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.first_token_overdue_seconds < 0 or self.request_overdue_seconds < 0:
+            raise ValueError("the overdue bounds must be 0 (never) or more seconds")
         if self.max_in_flight_per_key < 0:
             raise ValueError("max_in_flight_per_key must be 0 (unlimited) or more, "
                              f"got {self.max_in_flight_per_key}")
@@ -263,6 +267,8 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
         max_in_flight_per_key=args.max_in_flight_per_key,
         write_stall_timeout_seconds=args.write_stall_timeout,
         drain_seconds=args.drain_seconds,
+        first_token_overdue_seconds=args.first_token_overdue,
+        request_overdue_seconds=args.request_overdue,
         stop_sequences=tuple(stops),
         audit=args.audit,
         audit_include_text=args.audit_include_text,

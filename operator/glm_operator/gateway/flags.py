@@ -152,6 +152,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--write-stall-timeout",
          "seconds a client may leave written bytes unread before its stream is ended (499) "
          "and the engine's slot freed", float, 30.0),
+    Flag("--first-token-overdue",
+         "seconds a request may wait for its first byte of answer before it counts as "
+         "overdue (glm_gateway_requests_overdue); 0 = never", float, 0.0),
+    Flag("--request-overdue",
+         "seconds a request may run in all before it counts as overdue; 0 = never (the "
+         "operator sets both from the plan's longest generation)", float, 0.0),
     Flag("--drain-seconds",
          "after SIGTERM, seconds running requests get to finish (the operator sizes it from "
          "the longest generation the service allows)", float, 25.0),

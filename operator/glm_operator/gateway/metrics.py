@@ -9,12 +9,16 @@ ones to build queries from (a histogram's series add `_bucket`, `_sum`, `_count`
 
 from __future__ import annotations
 
-REQUESTS_TOTAL = "glm_gateway_requests_total"  # labels endpoint, code
+REQUESTS_TOTAL = "glm_gateway_requests_total"  # labels endpoint, code, outcome
 REQUEST_DURATION = "glm_gateway_request_duration_seconds"  # histogram; endpoint, stream
 TIME_TO_FIRST_TOKEN = "glm_gateway_time_to_first_token_seconds"  # histogram; endpoint
 PROMPT_TOKENS_TOTAL = "glm_gateway_prompt_tokens_total"
 COMPLETION_TOKENS_TOTAL = "glm_gateway_completion_tokens_total"
 REQUESTS_IN_FLIGHT = "glm_gateway_requests_in_flight"
+# Requests running longer than they may: no first token within --first-token-overdue, or
+# longer than --request-overdue in all (both from the plan). A version that never answers
+# shows here long before its requests end.
+REQUESTS_OVERDUE = "glm_gateway_requests_overdue"
 REQUESTS_QUEUED = "glm_gateway_requests_queued"
 OVERFLOW_TOTAL = "glm_gateway_overflow_total"  # label outcome
 LONG_CONTEXT_WAKES_TOTAL = "glm_gateway_long_context_wakes_total"
@@ -26,5 +30,13 @@ RATE_LIMIT_STORE_ERRORS_TOTAL = "glm_gateway_rate_limit_store_errors_total"  # l
 RATE_LIMIT_STORE_UP = "glm_gateway_rate_limit_store_up"
 
 BASE_LABELS = ("service", "model_version", "pool")
+# How a request ended (policy/outcomes.py), the `outcome` label of REQUESTS_TOTAL.
+REQUEST_OUTCOMES = ("completed", "client_error", "rate_limited", "server_error",
+                    "engine_broken", "timed_out", "abandoned_before_first_token",
+                    "abandoned_after_first_token")
+# The outcomes that count against the version that served them (canary analysis): a client
+# who gave up before the first token waited for nothing; one who left after tokens flowed,
+# a client error or a 429 says nothing about the version.
+FAILED_OUTCOMES = ("server_error", "engine_broken", "timed_out", "abandoned_before_first_token")
 OVERFLOW_OUTCOMES = ("routed", "no_pool", "wake_timeout", "failed")
 STORE_ERROR_REASONS = ("timeout", "connection", "error")

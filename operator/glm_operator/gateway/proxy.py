@@ -29,6 +29,7 @@ from glm_operator.gateway.policy.audit import CLIENT_CLOSED, AuditLog, AuditReco
 from glm_operator.gateway.policy.keys import ApiKeyStore
 from glm_operator.gateway.policy.limits import KeyLimits
 from glm_operator.gateway.policy.metrics import GatewayMetrics
+from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker
 from glm_operator.gateway.pools.overflow import Overflow
 from glm_operator.gateway.upstream import JSON, Upstream, UpstreamAnswer
@@ -72,7 +73,8 @@ class Proxy:
                  keys: ApiKeyStore | None, limits: KeyLimits | None, audit: AuditLog,
                  metrics: GatewayMetrics, max_body_bytes: int, stop_sequences: tuple[str, ...],
                  context_length: int, engine_slots: int, relayed: Upstream | None = None,
-                 max_in_flight_per_key: int = 0) -> None:
+                 max_in_flight_per_key: int = 0, first_token_overdue: float = 0.0,
+                 request_overdue: float = 0.0) -> None:
         self.whole = whole
         self.streams = streams
         self.relayed = relayed  # streams to HTTP/1.1 clients, where the relay applies
@@ -89,6 +91,9 @@ class Proxy:
         self.activity: ActivityMarker | None = None  # long-context pool: renews its Lease
         self.max_in_flight_per_key = max_in_flight_per_key  # 0: unlimited
         self.key_in_flight: dict[str, int] = {}  # only keys with requests running
+        self.first_token_overdue = first_token_overdue  # 0: never
+        self.request_overdue = request_overdue  # 0: never
+        self.running: dict[int, Call] = {}  # id -> call, only while overdue is watched
         self.in_flight = 0
         self.at_engine = 0
 
@@ -97,6 +102,19 @@ class Proxy:
         slots (the engine queues those itself)."""
         over_slots = max(0, self.at_engine - self.engine_slots) if self.engine_slots else 0
         return over_slots + self.overflow.held
+
+    def overdue_now(self) -> float:
+        """Requests running longer than they may (read when scraped): with no first byte
+        of answer after first_token_overdue, or running for longer than request_overdue."""
+        now = time.perf_counter()
+        first, whole = self.first_token_overdue, self.request_overdue
+        count = 0
+        for call in self.running.values():
+            age = now - call.started
+            if (whole and age > whole) or (first and age > first
+                                           and not call.had_first_byte()):
+                count += 1
+        return count
 
     def authenticate(self, request: Request) -> str:
         if self.keys is None:
@@ -152,6 +170,8 @@ class Proxy:
         call = Call(AuditRecord(request_id=rid, endpoint=endpoint), started)
         record = call.record
         self.in_flight += 1
+        if self.first_token_overdue or self.request_overdue:
+            self.running[id(call)] = call
         try:
             try:
                 record.key_id = request.key_id or self.authenticate(request)
@@ -253,6 +273,7 @@ class Proxy:
     async def _account(self, call: Call) -> None:
         """A finished request in the metrics, the audit log and its key's token budget."""
         self.in_flight -= 1
+        self.running.pop(id(call), None)
         if call.holds_key_slot:
             self._free_key_slot(call)
         record = call.record
@@ -260,7 +281,9 @@ class Proxy:
         record.duration_ms = elapsed * 1000
         self.metrics.record(record.endpoint, record.status, elapsed, record.stream,
                             None if record.ttft_ms is None else record.ttft_ms / 1000,
-                            record.prompt_tokens, record.completion_tokens)
+                            record.prompt_tokens, record.completion_tokens,
+                            request_outcome(record.status, record.error_code,
+                                            record.ttft_ms is not None))
         self.audit.write(record)
         if self.limits is not None:
             # Settled against the reservation: what was not used goes back. A request handed

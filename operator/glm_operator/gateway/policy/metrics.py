@@ -22,6 +22,7 @@ from glm_operator.gateway.metrics import (
     READY,
     REQUEST_DURATION,
     REQUESTS_IN_FLIGHT,
+    REQUESTS_OVERDUE,
     REQUESTS_QUEUED,
     REQUESTS_TOTAL,
     TIME_TO_FIRST_TOKEN,
@@ -42,6 +43,7 @@ class GatewayMetrics:
     prompt_tokens: Counter
     completion_tokens: Counter
     in_flight: Gauge
+    overdue: Gauge
     queued: Gauge
     overflow: Counter
     wakes: Counter
@@ -52,7 +54,7 @@ class GatewayMetrics:
     labels: dict[str, str]
     # Labelled children of the request metrics, cached: labels() costs a lock and a tuple
     # build, and record() runs once per request.
-    _request_children: dict[tuple[str, int, bool], tuple[Counter, Histogram]] = field(
+    _request_children: dict[tuple[str, int, bool, str], tuple[Counter, Histogram]] = field(
         default_factory=dict, init=False, repr=False)
     _ttft_children: dict[str, Histogram] = field(default_factory=dict, init=False, repr=False)
     _prompt_tokens: Counter = field(init=False, repr=False)
@@ -64,17 +66,20 @@ class GatewayMetrics:
 
     def record(self, endpoint: str, status: int, duration_seconds: float, stream: bool,
                ttft_seconds: float | None = None, prompt_tokens: int | None = None,
-               completion_tokens: int | None = None) -> None:
-        """Record one finished request: its code, its duration, its time to first token
-        (streams that got one) and the tokens it used. The only place that does."""
-        series = self._request_children.get((endpoint, status, stream))
+               completion_tokens: int | None = None, outcome: str = "completed") -> None:
+        """Record one finished request: its code and how it ended (policy/outcomes.py), its
+        duration, its time to first token (streams that got one) and the tokens it used. The
+        only place that does."""
+        key = (endpoint, status, stream, outcome)
+        series = self._request_children.get(key)
         if series is None:
             series = (
-                self.requests.labels(**self.labels, endpoint=endpoint, code=str(status)),
+                self.requests.labels(**self.labels, endpoint=endpoint, code=str(status),
+                                     outcome=outcome),
                 self.duration.labels(**self.labels, endpoint=endpoint,
                                      stream="true" if stream else "false"),
             )
-            self._request_children[(endpoint, status, stream)] = series
+            self._request_children[key] = series
         series[0].inc()
         series[1].observe(duration_seconds)
         if ttft_seconds is not None:
@@ -102,8 +107,8 @@ class GatewayMetrics:
         metrics = cls(
             registry=registry,
             requests=counter(REQUESTS_TOTAL,
-                             "Requests answered, by endpoint and HTTP status code.",
-                             ("endpoint", "code")),
+                             "Requests answered, by endpoint, HTTP status code and how they "
+                             "ended (outcome).", ("endpoint", "code", "outcome")),
             duration=Histogram(REQUEST_DURATION,
                                "Time from request received to last byte sent.",
                                [*BASE_LABELS, "endpoint", "stream"], registry=registry,
@@ -117,6 +122,9 @@ class GatewayMetrics:
                                       "Completion tokens generated."),
             in_flight=gauge(REQUESTS_IN_FLIGHT,
                             "Requests being answered now (queued ones included)."),
+            overdue=gauge(REQUESTS_OVERDUE,
+                          "Requests running longer than they may: no first token within "
+                          "--first-token-overdue, or longer than --request-overdue."),
             queued=gauge(REQUESTS_QUEUED,
                          "Requests waiting: beyond the engine's slots, or held while the "
                          "long-context pool wakes."),
