@@ -243,7 +243,7 @@ def test_a_failing_canary_rolls_back_after_the_threshold(
     last = status["rollout"]["lastAnalysis"]
     # 429s and 401s are the client's: only the 5xx count, half of the canary's requests
     assert 30 <= last["errorRatePercent"] <= 70, last
-    assert any("error rate" in gate for gate in last["failedGates"])
+    assert any("failure rate" in gate for gate in last["failedGates"])
     assert condition(glms(kubectl, ns), "Ready")["status"] == "True"
     events = kubectl.items("events", "-n", ns, "--field-selector", "reason=RolledBack")
     assert events and events[0]["type"] == "Warning"

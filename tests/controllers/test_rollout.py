@@ -131,3 +131,45 @@ def test_surge_starts_at_full_size_and_moves_all_traffic_once_ready() -> None:
     assert d.status.phase == "Promoting" and d.new_replicas == 4 and d.weight == 0
     d = advance(inputs(d.status, 5, ready=4, policy=surge))
     assert d.weight == 100
+
+
+def test_a_canary_that_cannot_be_judged_rolls_back_at_its_undecided_deadline() -> None:
+    policy = Rollout.model_validate({"strategy": "canary", "steps": [10, 50], "interval": "1m",
+                                     "analysis": {"undecidedDeadline": "3m"}})
+    d = advance(inputs(None, ready=1, policy=policy))
+    step_started = d.status.step_started_time
+    d = advance(inputs(d.status, 61, ready=1, policy=policy,
+                       analysis=verdict("InsufficientTraffic")))
+    assert d.status.phase == "Progressing" and d.status.undecided_since == step_started
+    assert "rolls back in 119s" in (d.status.message or "")
+    # Prometheus down says nothing about the canary: the clock neither stops nor restarts.
+    d = advance(inputs(d.status, 122, ready=1, policy=policy, analysis=verdict("Unavailable")))
+    assert d.status.phase == "Progressing" and d.status.undecided_since == step_started
+    d = advance(inputs(d.status, 183, ready=1, policy=policy,
+                       analysis=verdict("InsufficientTraffic")))
+    assert d.status.phase == "RolledBack" and d.new_replicas is None and d.weight == 0
+    assert "could not be judged for 183s (undecidedDeadline 3m)" in (d.status.message or "")
+    assert "onUndecided: Wait" in (d.status.message or "")
+    assert d.finished is not None and d.finished.result == "RolledBack"
+
+
+def test_a_judged_check_resets_the_undecided_clock_and_wait_holds_for_ever() -> None:
+    policy = Rollout.model_validate({"strategy": "canary", "steps": [10, 50], "interval": "1m",
+                                     "analysis": {"undecidedDeadline": "2m",
+                                                  "failureThreshold": 3}})
+    d = advance(inputs(None, ready=1, policy=policy))
+    d = advance(inputs(d.status, 61, ready=1, policy=policy,
+                       analysis=verdict("InsufficientTraffic")))
+    d = advance(inputs(d.status, 100, ready=1, policy=policy, analysis=verdict("Failed")))
+    assert d.status.undecided_since is None and d.status.failed_checks == 1
+    d = advance(inputs(d.status, 161, ready=1, policy=policy,
+                       analysis=verdict("InsufficientTraffic")))
+    assert d.status.phase == "Progressing"  # undecided for 61 s only, since the last check
+    waiting = Rollout.model_validate({"strategy": "canary", "interval": "1m",
+                                      "analysis": {"undecidedDeadline": "1m",
+                                                   "onUndecided": "Wait"}})
+    d = advance(inputs(None, ready=1, policy=waiting))
+    for minute in range(1, 30):
+        d = advance(inputs(d.status, 60 * minute + 1, ready=1, policy=waiting,
+                           analysis=verdict("InsufficientTraffic")))
+        assert d.status.phase == "Progressing" and d.weight == 10

@@ -30,6 +30,7 @@ from glm_operator.api.glmservice import (
     Scaler,
     ScalingBehavior,
     Toleration,
+    UndecidedAction,
 )
 from glm_operator.api.glmservice_status import (
     AnalysisResult,
@@ -108,6 +109,7 @@ __all__ = [
     "Scaler",
     "ScalingBehavior",
     "Toleration",
+    "UndecidedAction",
     "VllmPlan",
     "get_condition",
     "is_condition_true",

@@ -546,26 +546,65 @@ class Gateway(SpecModel):
         return Access.OPEN if self.access == Access.OPEN else None
 
 
-class CanaryAnalysis(SpecModel):
-    """What a canary step must show, from the gateway's Prometheus metrics, to go on."""
+class UndecidedAction(StrEnum):
+    ROLL_BACK = "RollBack"
+    WAIT = "Wait"
 
-    max_error_rate_percent: float = Field(
-        default=1.0, ge=0, le=100, description="5xx share of canary requests, percent."
+
+class CanaryAnalysis(SpecModel):
+    """What a canary step must show, from the gateway's Prometheus metrics, to go on.
+
+    A request fails the version that served it when it ended in a server error, a timeout, a
+    stream the engine broke, or a client who gave up before the first token; requests still
+    running past their bound (the gateway's overdue gauge) count as failing while they last.
+    By default the canary is judged against the stable version over the same window."""
+
+    compare_to_stable: bool = Field(
+        default=True,
+        description="Judge the canary against the stable version over the same window (its "
+        "failure rate and p99s, with the tolerances below), as Kayenta does; false: only the "
+        "absolute bounds.",
+    )
+    max_error_rate_increase_percent: float = Field(
+        default=1.0, ge=0, le=100,
+        description="Percentage points the canary's failure rate may exceed the stable's.",
+    )
+    max_latency_increase_percent: int = Field(
+        default=50, ge=0, le=10_000,
+        description="Percent the canary's p99 latency and p99 time to first token may exceed "
+        "the stable's (a difference under 100 ms never fails).",
+    )
+    max_error_rate_percent: float | None = Field(
+        default=None, ge=0, le=100,
+        description="Absolute bound on the canary's failure rate, percent. Unset: 1 when the "
+        "stable had too little traffic to compare with (or compareToStable is false), else "
+        "only the relative gate.",
     )
     max_latency_p99_ms: int | None = Field(
-        default=None, ge=1, le=3_600_000, description="p99 request latency bound."
+        default=None, ge=1, le=3_600_000, description="Absolute p99 request latency bound."
     )
     max_time_to_first_token_p99_ms: int | None = Field(
-        default=None, ge=1, le=3_600_000, description="p99 time-to-first-token bound."
+        default=None, ge=1, le=3_600_000, description="Absolute p99 time-to-first-token bound."
     )
     min_request_count: int = Field(
         default=20,
         ge=0,
         le=1_000_000,
-        description="Fewer canary requests in an interval hold the step; they never fail it.",
+        description="Fewer canary requests in an interval cannot be judged: the step holds "
+        "(see undecidedDeadline).",
     )
     failure_threshold: int = Field(
         default=3, ge=1, le=100, description="Failed checks before the rollback."
+    )
+    undecided_deadline: Duration = Field(
+        default="10m",
+        description="How long a step may go without a check it could judge (too little "
+        "traffic) before onUndecided applies.",
+    )
+    on_undecided: UndecidedAction = Field(
+        default=UndecidedAction.ROLL_BACK,
+        description="RollBack: a canary that cannot be judged by undecidedDeadline rolls "
+        "back, saying so; Wait: it holds its step until traffic comes.",
     )
 
 

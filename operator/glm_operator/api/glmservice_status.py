@@ -29,6 +29,9 @@ class GLMServiceConditionType(StrEnum):
     TRAFFIC_SPLIT = "TrafficSplit"
     AUTOSCALING_TARGETS_VALID = "AutoscalingTargetsValid"
     AUTOSCALING = "Autoscaling"  # which autoscaler sizes the main pool, or why none does
+    RESOLVED_REFS = "ResolvedRefs"  # the Secrets the pods read exist (False names the missing)
+    # Abnormal-true, like Degraded: True (a warning) while the endpoint serves anyone.
+    OPEN_ACCESS = "OpenAccess"
 
 
 class RolloutPhase(StrEnum):
@@ -175,9 +178,19 @@ class AnalysisResult(StatusModel):
     time: datetime | None = None
     window_seconds: float | None = Field(default=None, ge=0)
     request_count: float | None = Field(default=None, ge=0)
-    error_rate_percent: float | None = None
-    latency_p99_ms: float | None = None
-    time_to_first_token_p99_ms: float | None = None
+    error_rate_percent: float | None = Field(
+        default=None, description="Failed requests (and overdue ones) of the canary, percent.")
+    overdue_requests: float | None = Field(
+        default=None, ge=0, description="Canary requests running past their bound at the "
+        "check, counted as failing.")
+    latency_p99_ms: float | None = Field(
+        default=None, description="Estimated from the histogram's buckets.")
+    time_to_first_token_p99_ms: float | None = Field(
+        default=None, description="Estimated from the histogram's buckets.")
+    stable_request_count: float | None = Field(default=None, ge=0)
+    stable_error_rate_percent: float | None = None
+    stable_latency_p99_ms: float | None = None
+    stable_time_to_first_token_p99_ms: float | None = None
     verdict: Literal["Passed", "Failed", "InsufficientTraffic", "Unavailable"] | None = None
     failed_gates: list[str] | None = Field(
         default=None, max_length=8, description="The gates that failed, with measured values."
@@ -206,6 +219,9 @@ class RolloutStatus(StatusModel):
         default=None, description="Last time the rollout moved (the deadline counts from it)."
     )
     last_analysis: AnalysisResult | None = None
+    undecided_since: datetime | None = Field(
+        default=None, description="Since when the step's checks could not judge the canary "
+        "(too little traffic); unset after a judged check.")
     message: str | None = None
 
 

@@ -32,7 +32,8 @@ def canary_analysis(config: OperatorConfig, service: GLMService,
                            "operator config (helm value prometheus.url); promote with the "
                            f"{PROMOTE_ANNOTATION} annotation meanwhile", window, now)
     queries = canary_queries(service.metadata.namespace or "", service.metadata.name or "",
-                             service.spec.model_version, window)
+                             service.spec.model_version, status.stable_model_version, window,
+                             gates(policy).compare_to_stable)
     try:
         values = {key: query_scalar(url, promql, config.prometheus.timeout_seconds)
                   for key, promql in queries.all().items()}

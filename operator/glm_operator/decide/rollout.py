@@ -10,7 +10,8 @@ the same step.
             gets the weight, and after each `interval` an analysis check:
               Passed              -> next step (after the last: Promoting, as surge)
               Failed              -> failedChecks + 1; at failureThreshold RolledBack
-              InsufficientTraffic -> hold (never fails, never promotes)
+              InsufficientTraffic -> hold; undecided for analysis.undecidedDeadline:
+                                     RolledBack (onUndecided: RollBack) or hold (Wait)
               Unavailable         -> hold (Prometheus down or not configured)
     any:    paused -> Paused (everything holds); abort annotation -> Aborted;
             the new version not Ready within the progress deadline -> Failed.
@@ -33,6 +34,7 @@ from glm_operator.api import (
     RolloutPhase,
     RolloutRecord,
     RolloutStatus,
+    UndecidedAction,
 )
 from glm_operator.api.base import duration_seconds
 from glm_operator.api.glmservice_status import FINISHED_PHASES
@@ -153,7 +155,7 @@ def advance(inputs: RolloutInputs) -> RolloutDecision:
         resumed = P.PROMOTING if (status.strategy == "surge" or status.step > len(steps)) \
             else P.PROGRESSING
         status = status.model_copy(update={"phase": resumed, "step_started_time": now,
-                                           "progress_time": now})
+                                           "progress_time": now, "undecided_since": None})
     if inputs.promote_requested and status.phase == P.PROGRESSING:
         status = status.model_copy(update={
             "phase": P.PROMOTING, "step": len(steps) + 1, "progress_time": now,
@@ -245,7 +247,7 @@ def _canary_step(inputs: RolloutInputs, status: RolloutStatus,
         message = f"step {step}/{len(steps)}: {weight}% of traffic to {inputs.target}"
         moved = status.model_copy(update={"step": step, "weight": weight,
                                           "step_started_time": now, "progress_time": now,
-                                          "message": message})
+                                          "undecided_since": None, "message": message})
         return RolloutDecision(status=moved, new_replicas=size, weight=weight,
                                requeue_after=duration_seconds(policy.interval),
                                events=[("Normal", "CanaryStep", message)])
@@ -256,6 +258,8 @@ def _canary_step(inputs: RolloutInputs, status: RolloutStatus,
         return RolloutDecision(status=status, new_replicas=size, weight=weight,
                                requeue_after=max(0.5, left))
     checked = status.model_copy(update={"last_analysis": result, "step_started_time": now})
+    if result.verdict in ("Passed", "Failed"):
+        checked = checked.model_copy(update={"undecided_since": None})
     if result.verdict == "Passed":
         if step >= len(steps):
             promoting = checked.model_copy(update={
@@ -279,6 +283,33 @@ def _canary_step(inputs: RolloutInputs, status: RolloutStatus,
         return RolloutDecision(status=held, new_replicas=size, weight=weight,
                                requeue_after=interval,
                                events=[("Warning", "AnalysisFailed", str(held.message))])
+    if result.verdict == "InsufficientTraffic":
+        return _undecided(inputs, status, checked, result, size, weight, interval)
     held = checked.model_copy(update={"message": result.message})
+    return RolloutDecision(status=held, new_replicas=size, weight=weight,
+                           requeue_after=interval)
+
+
+def _undecided(inputs: RolloutInputs, status: RolloutStatus, checked: RolloutStatus,
+               result: AnalysisResult, size: int, weight: int, interval: float
+               ) -> RolloutDecision:
+    """A check that could not judge the canary (too little traffic): the step holds, and a
+    canary undecided for undecidedDeadline rolls back (unless told to wait). Never promoted
+    unjudged: a version nobody could try is not known to work."""
+    policy = gates(inputs.policy)
+    since = status.undecided_since or status.step_started_time or inputs.now
+    undecided = _elapsed(since, inputs.now)
+    deadline = duration_seconds(policy.undecided_deadline)
+    if policy.on_undecided == UndecidedAction.ROLL_BACK and undecided >= deadline:
+        return _end(checked, P.ROLLED_BACK, inputs.now, "Warning", "RolledBack",
+                    f"rolled back to {inputs.stable}: the canary could not be judged for "
+                    f"{undecided:.0f}s (undecidedDeadline {policy.undecided_deadline}): "
+                    f"{result.message}; set rollout.analysis.onUndecided: Wait to hold "
+                    "instead", undecided_since=since)
+    left = f", rolls back in {max(0.0, deadline - undecided):.0f}s" \
+        if policy.on_undecided == UndecidedAction.ROLL_BACK else ""
+    held = checked.model_copy(update={"undecided_since": since,
+                                      "message": f"{result.message} (undecided for "
+                                                 f"{undecided:.0f}s{left})"})
     return RolloutDecision(status=held, new_replicas=size, weight=weight,
                            requeue_after=interval)

@@ -27,6 +27,7 @@ from glm_operator.gateway.metrics import (
     REQUESTS_TOTAL,
     TIME_TO_FIRST_TOKEN,
 )
+from glm_operator.gateway.policy.outcomes import request_outcome
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0, 600.0)
@@ -66,10 +67,12 @@ class GatewayMetrics:
 
     def record(self, endpoint: str, status: int, duration_seconds: float, stream: bool,
                ttft_seconds: float | None = None, prompt_tokens: int | None = None,
-               completion_tokens: int | None = None, outcome: str = "completed") -> None:
+               completion_tokens: int | None = None, outcome: str | None = None) -> None:
         """Record one finished request: its code and how it ended (policy/outcomes.py), its
         duration, its time to first token (streams that got one) and the tokens it used. The
-        only place that does."""
+        only place that does. Without `outcome`, the one its status says."""
+        if outcome is None:
+            outcome = request_outcome(status, None, ttft_seconds is not None)
         key = (endpoint, status, stream, outcome)
         series = self._request_children.get(key)
         if series is None:
