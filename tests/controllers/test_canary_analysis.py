@@ -56,7 +56,7 @@ def test_a_canary_like_its_stable_passes() -> None:
 def test_failures_beyond_the_stables_plus_tolerance_fail() -> None:
     stable = {**HEALTHY, "failures": 2.0}  # 2 %
     assert run({**HEALTHY, "failures": 3.0}, stable)[0] == "Passed"  # 3 % <= 2 + 1
-    verdict, message, gates = run({**HEALTHY, "failures": 4.0}, stable)
+    verdict, _, gates = run({**HEALTHY, "failures": 4.0}, stable)
     assert verdict == "Failed"
     assert gates == ["failure rate 4% > stable's 2% + 1 points"]
 
