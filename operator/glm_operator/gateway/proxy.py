@@ -104,14 +104,16 @@ class Proxy:
         return over_slots + self.overflow.held
 
     def overdue_now(self) -> float:
-        """Requests running longer than they may (read when scraped): with no first byte
-        of answer after first_token_overdue, or running for longer than request_overdue."""
+        """Requests running longer than they may (read when scraped): streams with no first
+        byte of answer after first_token_overdue, or any running longer than
+        request_overdue."""
         now = time.perf_counter()
         first, whole = self.first_token_overdue, self.request_overdue
         count = 0
         for call in self.running.values():
             age = now - call.started
-            if (whole and age > whole) or (first and age > first
+            # The first-token bound is for streams: a whole answer's first byte is its end.
+            if (whole and age > whole) or (first and age > first and call.record.stream
                                            and not call.had_first_byte()):
                 count += 1
         return count

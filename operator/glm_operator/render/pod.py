@@ -479,7 +479,26 @@ def gateway_flag_values(ctx: PoolContext) -> dict[str, Any]:
     flags["audit"] = "stdout" if gw.audit.enabled else "off"
     flags["audit_include_text"] = gw.audit.enabled and gw.audit.include_prompts
     flags["drain_seconds"] = termination(ctx).drain_seconds
+    flags.update(overdue_flags(ctx))
     return flags
+
+
+# A stream with no first token after this long counts as overdue (canary analysis) when the
+# rollout sets no TTFT gate: far above any prefill, and a hung engine still shows within
+# about one analysis interval.
+DEFAULT_FIRST_TOKEN_OVERDUE_SECONDS = 60
+
+
+def overdue_flags(ctx: PoolContext) -> dict[str, Any]:
+    """When a running request counts as failing (gateway/metrics.py REQUESTS_OVERDUE): past
+    the longest generation the pool allows, or, a stream, without a first token after the
+    rollout's TTFT gate (else DEFAULT_FIRST_TOKEN_OVERDUE_SECONDS), never above the first."""
+    longest = longest_generation_seconds(ctx)
+    analysis = ctx.service.spec.rollout.analysis
+    gate_ms = analysis.max_time_to_first_token_p99_ms if analysis is not None else None
+    first = gate_ms / 1000 if gate_ms else DEFAULT_FIRST_TOKEN_OVERDUE_SECONDS
+    return {"first_token_overdue": min(float(first), float(longest)),
+            "request_overdue": float(longest)}
 
 
 def gateway_container(ctx: PoolContext) -> dict[str, Any]:
