@@ -61,6 +61,8 @@ NAMESPACED_RULES: list[Obj] = [
     {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
      "verbs": ["get", "list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    # names only (PartialObjectMetadata, controllers/secrets.py); rbac.watchSecrets: false drops it
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["list", "watch"]},
 ]
 CRD_RULES: list[Obj] = [
     {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
@@ -234,16 +236,24 @@ def test_namespace_globs_need_a_cluster_role(render: Render) -> None:
     {}, {"watchNamespaces": ["a"]}, {"watchNamespaces": ["a-*"]},
     {"leaderElection": {"enabled": False}, "replicaCount": 1},
 ])
-def test_no_wildcards_and_no_secrets_anywhere_in_rbac(render: Render,
-                                                      values: dict[str, Any]) -> None:
+def test_no_wildcards_and_no_secret_reads_beyond_names_in_rbac(
+        render: Render, values: dict[str, Any]) -> None:
     for obj in render(values):
         if obj["kind"] not in ("Role", "ClusterRole"):
             continue
         for rule in obj["rules"]:
             for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
                 assert not any("*" in item for item in rule.get(key, [])), (obj, rule)
-            assert "secrets" not in rule["resources"]
+            if "secrets" in rule["resources"]:
+                assert rule == {"apiGroups": [""], "resources": ["secrets"],
+                                "verbs": ["list", "watch"]}, rule
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+def test_secret_names_can_be_left_unwatched(render: Render) -> None:
+    for obj in render({"rbac": {"watchSecrets": False}}):
+        if obj["kind"] in ("Role", "ClusterRole"):
+            assert not [r for r in obj["rules"] if "secrets" in r["resources"]], obj
 
 
 def test_without_leader_election_there_is_no_lease_role(render: Render) -> None:

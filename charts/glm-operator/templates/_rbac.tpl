@@ -4,8 +4,9 @@ table): what the kopf handlers and indexes watch (controllers/indexes.py, contro
 writes (server-side apply = patch, create, delete), what kopf itself needs, and what the
 operator hands out in the Roles it renders (render/rbac.py): Kubernetes lets it grant only
 what it holds, so those verbs are here too. tests/chart pins every rule; no wildcards.
-Nothing on Secrets: the operator never reads one (API-key and credential Secrets are mounted
-into the model and fetch pods by name).
+Secrets: list and watch only, for their names (rbac.watchSecrets): the operator asks for
+PartialObjectMetadata and never reads a Secret's data (API-key and credential Secrets are
+mounted into the model and fetch pods by name); it never gets, writes or deletes one.
 */}}
 
 {{/* In every watched namespace (a ClusterRole when cluster-wide). */}}
@@ -76,6 +77,13 @@ into the model and fetch pods by name).
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.rbac.watchSecrets }}
+# Secret names, to say when a GLMService names a missing one (controllers/secrets.py asks
+# for metadata only; RBAC has no narrower verb than list/watch).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [list, watch]
+{{- end }}
 {{- end -}}
 
 {{/* Cluster-scoped reads, in every mode. */}}

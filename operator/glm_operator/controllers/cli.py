@@ -160,6 +160,10 @@ def _run_kopf(args: argparse.Namespace) -> None:
         threading.Thread(target=scheduled.resync_forever, args=(args.resync_seconds, stop_resync),
                          name="glm-resync", daemon=True).start()
 
+    @kopf.on.startup()
+    def _start_secret_names(**_: Any) -> None:
+        scheduled.watch_secret_names(stop_resync)
+
     @kopf.on.cleanup()
     def _stop_resync(**_: Any) -> None:
         stop_resync.set()

@@ -1,7 +1,8 @@
 """One GLMService's reconcile: observe -> decide -> apply -> status.
 
 Observe: the service, its ModelVersions and children from the indexes (indexes.py), with
-the operator's own writes the watch has not shown yet (own_writes.py), parsed once. From the
+the operator's own writes the watch has not shown yet (own_writes.py), parsed once; whether
+the Secrets it names exist, from the Secret names (secrets.py). From the
 API server it reads only what cannot be watched safely: which optional CRDs are served
 (cached for capabilityRecheckSeconds), the ScaledObjects once per service after a start,
 LeaderWorkerSets of multi-node services, the activity Lease when an idle deadline passed,
@@ -33,6 +34,7 @@ from glm_operator.controllers.runtime import Runtime, runtime
 from glm_operator.decide.drift import merge_patch
 from glm_operator.decide.long_context import ActivityReading
 from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.references import secret_references
 from glm_operator.decide.service import decide_service, long_context_reading_due
 from glm_operator.kube.client import KubeClient, KubeError
 from glm_operator.render.long_context import activity_lease_name
@@ -100,10 +102,12 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
     observed = ObservedChildren([*live, *groups])
     activity = (_read_activity(rt.kube, namespace, name)
                 if long_context_reading_due(service, observed, now) else None)
+    secrets = rt.secrets.observed(namespace, (r.name for r in secret_references(service)))
     decision = decide_service(
         service, model_versions_of(body, indexes["modelversions"], namespace), observed,
         rt.config, rt.profiles, capabilities, now=now,
-        analysis=canary_analysis(rt.config, service, now), long_context_activity=activity)
+        analysis=canary_analysis(rt.config, service, now), long_context_activity=activity,
+        secrets=secrets)
     corrected: list[str] = []
     sync_children(rt.kube, body["metadata"]["uid"], decision.desired, live, rt.optional,
                   decision.retained, corrected)

@@ -4,7 +4,7 @@ kopf calls module functions, so one module-level holder keeps that object (`conf
 sets it, `runtime()` reads it); nothing else here is module state. The object holds the
 API client, the operator config and profiles, the per-key queue, the wakeups, the
 operator's own writes, what it remembers of optional children, the relist detector, the
-sweeper and the latest kopf indexes.
+sweeper, the Secret names and the latest kopf indexes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from glm_operator.controllers.apply import OptionalChildren
 from glm_operator.controllers.key_queue import KeyQueue
 from glm_operator.controllers.own_writes import OwnWrites
 from glm_operator.controllers.relists import RelistDetector, Sweeper
+from glm_operator.controllers.scope import in_scope
+from glm_operator.controllers.secrets import SecretNames
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import KubeClient
 from glm_operator.planning.accelerators import AcceleratorProfile
@@ -39,6 +41,8 @@ class Runtime:
     own_writes: OwnWrites = field(default_factory=OwnWrites)
     optional: OptionalChildren = field(default_factory=OptionalChildren)
     relists: RelistDetector = field(default_factory=RelistDetector)
+    # Which Secrets exist, by name (controllers/secrets.py fills it).
+    secrets: SecretNames = field(default_factory=lambda: SecretNames(in_scope))
     # The kopf indexes, as the first handler saw them (live views), for the threads that
     # reconcile outside kopf's handlers (resync, wakeups, the sweep).
     indexes: dict[str, Any] = field(default_factory=dict)

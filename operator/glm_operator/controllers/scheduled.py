@@ -4,6 +4,7 @@ thread of its own, outside kopf's handlers; `start` builds the runtime they shar
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping
@@ -26,6 +27,7 @@ from glm_operator.controllers.reconcile_service import reconcile_service
 from glm_operator.controllers.relists import Ghost, Sweeper, WatchedKind
 from glm_operator.controllers.runtime import Runtime, configure, runtime
 from glm_operator.controllers.scope import list_namespaces
+from glm_operator.controllers.secrets import watch_secrets
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import KubeClient
 from glm_operator.planning.accelerators import AcceleratorProfile
@@ -68,6 +70,31 @@ def _wake(key: Hashable) -> None:
         runtime().wakeups.schedule(key, float(exc.delay or 5))
     except Exception as exc:  # the thread must outlive one bad reconcile
         log.warning("scheduled reconcile of %s %s/%s failed: %s", kind, namespace, name, exc)
+
+
+def watch_secret_names(stop: threading.Event) -> None:
+    """One thread per watch scope of Secret names (secrets.py), as kopf's own watches."""
+    rt = runtime()
+    for scope in list_namespaces():
+        threading.Thread(target=watch_secrets,
+                         args=(rt.kube, rt.secrets, scope, _secrets_changed, stop),
+                         name=f"glm-secrets-{scope or 'all'}", daemon=True).start()
+
+
+def _secrets_changed(namespace: str | None, names: frozenset[str] | None) -> None:
+    """Secrets appeared or went (`names`), or a namespace's became known (None): the services
+    that name them look again, through the wakeups (coalesced, off the watch's thread)."""
+    services = runtime().latest_indexes().get("glmservices")
+    if services is None:
+        return  # nothing indexed yet: the resume handlers will look
+    needles = ([json.dumps(n).encode() for n in names] if names is not None
+               else [b'"apiKeysSecret"', b'"passwordSecret"'])
+    for key in copied(services):
+        if namespace is not None and key[0] != namespace:
+            continue
+        entries = copied(services.get(key) or ())
+        if entries and any(needle in entries[0].json for needle in needles):
+            runtime().wakeups.schedule(key, 0.0)
 
 
 def resync_forever(interval: float, stop: threading.Event) -> None:

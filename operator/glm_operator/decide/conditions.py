@@ -4,6 +4,7 @@
 order; an existing one keeps its own), stamped with the spec's generation:
 
     ModelReady, Planned, AutoscalingTargetsValid   the wanted version, as the user asked
+    ResolvedRefs, OpenAccess                       the Secrets it names, who it serves
     CanaryProgressing, Progressing                 the rollout (one phase -> reason table)
     Autoscaling, TrafficSplit                      what was rendered, as render chose it
     Ready, Degraded                                the main pool's pods
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from glm_operator.api import (
+    Access,
     GLMService,
     GLMServiceConditionType,
     RolloutPhase,
@@ -27,16 +29,17 @@ from glm_operator.api import (
     Scaler,
     set_condition,
 )
-from glm_operator.api.conditions import Condition, remove_condition
+from glm_operator.api.conditions import Condition, get_condition, remove_condition
 from glm_operator.api.glmservice_status import FINISHED_PHASES
 from glm_operator.decide.observed import ObservedChildren, rolled_out
+from glm_operator.decide.references import References
 from glm_operator.decide.rollout import RolloutDecision
 from glm_operator.decide.versions import Render, Versions
 from glm_operator.planning.planner import Plan
 from glm_operator.render.autoscaling import TargetsChoice, target_values
 from glm_operator.render.deployment import deployment_name
 from glm_operator.render.keda import keda_hpa_name
-from glm_operator.render.service import RenderedService
+from glm_operator.render.service import RenderedService, main_service_name
 from glm_operator.wellknown import MAIN_POOL
 
 C = GLMServiceConditionType
@@ -93,6 +96,7 @@ class ConditionInputs:
     stable_after: str | None  # the stable version once this reconcile is applied
     wanted_replicas: int
     stable_missing: bool  # the serving version's ModelVersion is gone (its pods retained)
+    references: References  # do the Secrets the spec names exist
 
 
 def service_conditions(previous: Sequence[Condition], generation: int | None, now: datetime,
@@ -100,6 +104,12 @@ def service_conditions(previous: Sequence[Condition], generation: int | None, no
     conditions = Conditions(previous, generation, now)
     service = facts.versions.service
     _model_conditions(conditions, service, facts)
+    refs = facts.references
+    # Unknown only for lack of any answer: while the operator's view of Secrets is still
+    # listing (a restart), the last answer stands rather than flapping to Unknown and back.
+    if refs.ok is not None or get_condition(previous, C.RESOLVED_REFS) is None:
+        conditions.set(C.RESOLVED_REFS, refs.ok, refs.reason, refs.message)
+    conditions.set(C.OPEN_ACCESS, *_access_condition(service))
     if facts.superseded is not None and facts.superseded.strategy == "canary":
         conditions.set(C.CANARY_PROGRESSING, False, "Superseded", str(facts.superseded.message))
     _scaler_condition(conditions, facts.autoscaled, facts.prometheus_url)
@@ -139,6 +149,23 @@ def _model_conditions(conditions: Conditions, service: GLMService,
     elif (problem := wanted.problem) is not None:
         conditions.set(C.AUTOSCALING_TARGETS_VALID, None, "NotPlanned",
                        f"no plan to judge the targets against: {problem[1]}")
+
+
+def _access_condition(service: GLMService) -> tuple[bool, str, str]:
+    """OpenAccess: True (a warning) while anyone who reaches the Service is served."""
+    gateway, name = service.spec.gateway, service.metadata.name or ""
+    access = gateway.effective_access
+    if access == Access.API_KEYS:
+        return (False, "APIKeys", f"every /v1 request needs a key from Secret "
+                f"{gateway.api_keys_secret}")
+    fix = ("name a Secret of API keys in spec.gateway.apiKeysSecret to require a key")
+    if access == Access.OPEN:
+        return (True, "AccessOpen", f"spec.gateway.access is Open: the endpoint serves "
+                f"anyone who reaches Service {main_service_name(name)} without a key; {fix}")
+    return (True, "AccessNotChosen", f"the endpoint serves anyone who reaches Service "
+            f"{main_service_name(name)} without a key: it was created before "
+            "spec.gateway.access existed, and the API server refuses its next change until "
+            f"spec.gateway sets apiKeysSecret or access: Open; {fix}")
 
 
 def _plan_message(p: Plan) -> str:
@@ -276,7 +303,7 @@ def _serving_conditions(conditions: Conditions, facts: ConditionInputs) -> None:
                            "ReplicasUnavailable" if degraded else "AsPlanned",
                            f"{ready} of {wanted_replicas} pods ready")
     else:
-        why = (facts.versions.wanted.problem
+        why = (facts.versions.wanted.problem or facts.references.problem
                or ("PodsNotReady", f"0/{wanted_replicas} pods ready"))
         conditions.set(C.READY, False, why[0], why[1])
         conditions.set(C.DEGRADED, False, "NotServing", "nothing is serving yet")

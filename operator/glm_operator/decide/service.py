@@ -14,18 +14,21 @@ write the conditions (decide/conditions.py) from what was decided and rendered.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from glm_operator.api import (
     AnalysisResult,
+    Condition,
     GLMService,
+    GLMServiceConditionType,
     GLMServiceStatus,
     PoolStatus,
     RolloutRecord,
     RolloutStatus,
+    get_condition,
 )
 from glm_operator.api.glmservice_status import HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
@@ -33,6 +36,7 @@ from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
 from glm_operator.decide.long_context import ActivityReading, decide_idle, needs_reading
 from glm_operator.decide.observed import ObservedChildren, Ref, rolled_out
+from glm_operator.decide.references import UNOBSERVED, SecretsObserved, resolve_references
 from glm_operator.decide.versions import (
     Render,
     Serving,
@@ -127,6 +131,7 @@ def decide_service(
     now: datetime | None = None,
     analysis: AnalysisResult | None = None,
     long_context_activity: ActivityReading | None = None,
+    secrets: SecretsObserved = UNOBSERVED,
 ) -> ServiceDecision:
     """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
     rollout, choose what runs, render it, promote, and report."""
@@ -164,7 +169,9 @@ def decide_service(
                         None),
         istio=capabilities.istio, prometheus_url=config.prometheus.url,
         stable_after=stable_after, wanted_replicas=wanted_replicas,
-        stable_missing=bool(rendered.retained)))
+        stable_missing=bool(rendered.retained),
+        references=resolve_references(service, secrets)))
+    events += _warnings_raised(previous.conditions, conditions)
 
     if stable_after == wanted.name:
         stable_spec: dict[str, Any] | None = spec_snapshot(service)
@@ -196,6 +203,18 @@ def decide_service(
                            retained=frozenset(rendered.retained),
                            requeue_after=min(requeues) if requeues else None,
                            scale_to_zero=scale_to_zero)
+
+
+def _warnings_raised(before: Sequence[Condition], after: Sequence[Condition]) -> list[Event]:
+    """A Warning Event when a condition turns to what needs someone's attention (not at every
+    reconcile: Events are for transitions)."""
+    events: list[Event] = []
+    for type_, bad in ((GLMServiceConditionType.OPEN_ACCESS, "True"),
+                       (GLMServiceConditionType.RESOLVED_REFS, "False")):
+        new, old = get_condition(after, type_), get_condition(before, type_)
+        if new is not None and new.status == bad and (old is None or old.status != bad):
+            events.append(("Warning", new.reason, new.message))
+    return events
 
 
 def _wanted_replicas(service: GLMService) -> int:

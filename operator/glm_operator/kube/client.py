@@ -12,10 +12,11 @@ the operator makes no writes when nothing changed.
 
 from __future__ import annotations
 
+import builtins
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import kopf
@@ -31,6 +32,9 @@ FIELD_MANAGER = "glm-operator"
 REQUEST_TIMEOUT = (10.0, 60.0)  # seconds: connect, then read
 # A LIST answered as names, uids and labels only (the API server's PartialObjectMetadata).
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+# A WATCH whose events carry the objects' metadata only.
+METADATA_WATCH = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+WATCH_SECONDS = 300  # the API server ends a watch after this; the caller starts the next
 
 API_REQUESTS = Counter(
     "glm_operator_api_requests_total",
@@ -178,6 +182,64 @@ class KubeClient:
             cont = page.get("metadata", {}).get("continue", "")
             if not cont:
                 return uids
+
+    def list_metadata(self, api_version: str, kind: str, namespace: str | None
+                      ) -> tuple[tuple[Obj, ...], str]:
+        """A kind's objects as metadata only (no Secret data ever comes back), and the
+        list's resourceVersion to watch from."""
+        resource = kind_of(api_version, kind)
+        items: builtins.list[Obj] = []
+        cont, version = "", ""
+        while True:
+            paging = [("limit", "500"), *([("continue", cont)] if cont else [])]
+            page = self._call("list", resource, resource.path(namespace), query=paging,
+                              accept=METADATA_LIST)
+            items.extend(page.get("items") or ())
+            meta = page.get("metadata", {})
+            version = meta.get("resourceVersion", version)
+            cont = meta.get("continue", "")
+            if not cont:
+                return tuple(items), version
+
+    def watch_metadata(self, api_version: str, kind: str, namespace: str | None,
+                       resource_version: str, timeout_seconds: int = WATCH_SECONDS
+                       ) -> Iterator[tuple[str, Obj]]:
+        """(type, metadata-only object) events from `resource_version` on, with bookmarks,
+        until the API server ends the watch. An ERROR event raises KubeError with its code
+        (410: the version is too old, list again)."""
+        resource = kind_of(api_version, kind)
+        API_REQUESTS.labels(verb="watch", kind=resource.kind).inc()
+        query = [("watch", "true"), ("resourceVersion", resource_version),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
+        try:
+            response = self._api.call_api(
+                resource.path(namespace), "GET", query_params=query,
+                header_params={"Accept": METADATA_WATCH}, auth_settings=["BearerToken"],
+                _return_http_data_only=True, _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + 30.0))
+        except ApiException as exc:
+            raise KubeError(_api_message(exc), status=exc.status) from exc
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(f"cannot reach the API server (watch {resource.plural}): {exc}"
+                            ) from exc
+        try:
+            pending = b""
+            for chunk in response.stream(amt=None, decode_content=False):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        raise KubeError(f"watch {resource.plural}: {obj.get('message')}",
+                                        status=obj.get("code"))
+                    yield event.get("type", ""), obj
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(f"watch {resource.plural} cut off: {exc}") from exc
+        finally:
+            response.release_conn()
 
     def crd_established(self, name: str, ttl_seconds: float = 60.0) -> bool:
         """Whether a CRD (`servicemonitors.monitoring.coreos.com`) is established; cached."""
