@@ -46,6 +46,8 @@ NAMESPACED_RULES: list[Obj] = [
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
+     "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["batch"], "resources": ["jobs"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"],

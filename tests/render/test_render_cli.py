@@ -41,7 +41,8 @@ def test_renders_service_and_model_version_children(
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = [d["kind"] for d in docs]
     assert kinds == ["PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding", "Job",
-                     "Deployment", "Deployment", "Service", "Service", "ServiceMonitor",
+                     "Deployment", "Deployment", "Service", "Service",
+                     "PodDisruptionBudget", "ServiceMonitor",
                      "ServiceAccount", "Role", "RoleBinding",
                      "Lease", "ServiceAccount", "Role", "RoleBinding"]
     assert all(d["metadata"]["namespace"] == "prod" for d in docs)
@@ -62,7 +63,7 @@ def test_a_multi_node_service_renders_its_groups(
     mv = write(tmp_path, "mv.yaml", mv_manifest("glm46-q4"))
     assert main(["render", "-f", svc, "-f", mv, "--no-model-version-children", *flags]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == [*workloads, "Service"]
+    assert kinds == [*workloads, "Service", "PodDisruptionBudget"]
 
 
 def test_operator_config_file_is_used(

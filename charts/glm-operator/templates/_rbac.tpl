@@ -44,6 +44,10 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [list, watch, create, patch, delete]
+# One PodDisruptionBudget per pool of a GLMService.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [list, watch, create, patch, delete]

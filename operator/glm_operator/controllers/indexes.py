@@ -27,6 +27,7 @@ SERVICE_CRD_CHILDREN = (
     ("networking.k8s.io", "v1", "networkpolicies"),  # multi-node groups
     ("", "v1", "services"),
     ("autoscaling", "v2", "horizontalpodautoscalers"),
+    ("policy", "v1", "poddisruptionbudgets"),
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),

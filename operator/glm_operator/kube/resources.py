@@ -51,6 +51,7 @@ _KINDS = [
     ResourceKind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "leaderworkersets"),
     ResourceKind("batch/v1", "Job", "jobs"),
     ResourceKind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     ResourceKind("coordination.k8s.io/v1", "Lease", "leases"),

@@ -47,6 +47,7 @@ from glm_operator.render.names import (
     pool_selector,
 )
 from glm_operator.render.pod import (
+    HOSTNAME_TOPOLOGY,
     MODEL_MOUNT,
     POD_NAME_ENV,
     POD_NAME_VAR,
@@ -70,6 +71,7 @@ GROUP_SET_LABEL = f"{PREFIX}/group-set"  # the set (leader StatefulSet / LeaderW
 GROUP_LABEL = f"{PREFIX}/group"  # a worker's group: its leader's pod name
 LEADER, WORKER = "leader", "worker"
 WORKER_CONTAINER = "worker"
+WORKER_COMPONENT = "engine-worker"  # a worker pod's app.kubernetes.io/component
 WAIT_CONTAINER = "wait-for-workers"  # a llama.cpp leader's init container
 # Labels the workload controllers put on pods (StatefulSet; LeaderWorkerSet, from
 # sigs.k8s.io/lws api/leaderworkerset/v1/leaderworkerset_types.go).
@@ -77,7 +79,6 @@ STATEFULSET_POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
 LEADER_WORKER_SET_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 # <set>-<group>-<worker> must stay a 63-character hostname and <set>-<group> leave room for
 # the StatefulSet's controller-revision-hash label (<name>-<10 characters>): groups up to
 # 999 (replicas <= 1000) and 16 nodes.
@@ -140,7 +141,7 @@ class GroupModel:
 
     def worker_labels(self) -> dict[str, str]:
         """No pool label: the pool's Service selects leaders only (workers serve no HTTP)."""
-        labels = common_labels(self.ctx.service_name, "engine-worker")
+        labels = common_labels(self.ctx.service_name, WORKER_COMPONENT)
         labels[VERSION_LABEL] = label_value(self.ctx.version)
         labels[GROUP_SET_LABEL] = self.name
         labels[GROUP_ROLE_LABEL] = WORKER

@@ -31,7 +31,7 @@ from glm_operator.render.ascend import (
 )
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
 from glm_operator.render.model_family import stop_sequences
-from glm_operator.render.names import dns_name
+from glm_operator.render.names import dns_name, pool_selector
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
 
 MODEL_MOUNT = "/models"
@@ -600,6 +600,33 @@ def placement(ctx: PoolContext) -> dict[str, Any]:
     return out
 
 
+ZONE_TOPOLOGY = "topology.kubernetes.io/zone"
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+POD_TEMPLATE_HASH_LABEL = "pod-template-hash"  # set by the Deployment controller
+
+
+def topology_spread(ctx: PoolContext) -> list[dict[str, Any]]:
+    """A single-node pool's replicas spread over nodes, then zones, so one drained node (or
+    one lost zone) takes as few of them as the cluster allows.
+
+    ScheduleAnyway on both: accelerators are scarce, and a replica left Pending because the
+    only node with a free GPU already runs one is capacity lost for certain, against a node
+    failure that may not come; the PodDisruptionBudget is what keeps a drain from taking the
+    last ready replica. Zones are a preference for the same reason, and nodes without the
+    zone label must not refuse the pod (DoNotSchedule filters them out). `pod-template-hash`
+    counts only the pods of one ReplicaSet, so a rollout's new pods spread among themselves.
+    Multi-node groups get none: their pods already land on distinct nodes, and spreading a
+    group's pods over zones would put its RPC or Ray traffic between zones.
+    """
+    if ctx.plan.request.nodes > 1:
+        return []
+    selector = {"matchLabels": pool_selector(ctx.service_name, ctx.version, ctx.pool)}
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": copy.deepcopy(selector),
+             "matchLabelKeys": [POD_TEMPLATE_HASH_LABEL]}
+            for key in (HOSTNAME_TOPOLOGY, ZONE_TOPOLOGY)]
+
+
 def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if ctx.service_account:
@@ -610,6 +637,9 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
     spec["securityContext"] = engine_pod_security_context(ctx)
     spec.update(placement(ctx))
+    spread = topology_spread(ctx)
+    if spread:
+        spec["topologySpreadConstraints"] = spread
     spec["terminationGracePeriodSeconds"] = termination(ctx).grace_seconds
     spec["containers"] = [engine_container(ctx), gateway_container(ctx)]
     spec["volumes"] = volumes(ctx)

@@ -1,7 +1,9 @@
 """Every child of one GLMService at one model version: the entry point controllers call.
 
     render_service(ServiceInputs(...)) -> [Deployment main, (Deployment long-context),
-        Service main, (Service long-context), (HPA or KEDA ScaledObject),
+        Service main, (Service long-context),
+        (PodDisruptionBudget main), (PodDisruptionBudget long-context),
+        (HPA or KEDA ScaledObject),
         (long-context HPA), (ServiceMonitor),
         (ServiceAccount, Role, RoleBinding for the gateway's wake-up),
         (the long-context activity Lease; ServiceAccount, Role, RoleBinding to renew it)]
@@ -40,6 +42,7 @@ from glm_operator.render.deployment import (
     deployment_name,
     desired_replicas,
 )
+from glm_operator.render.disruption import budget, build_pod_disruption_budget, pool_min_replicas
 from glm_operator.render.environment import render_object
 from glm_operator.render.groups import (
     build_headless_service,
@@ -239,8 +242,9 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
         replicas=inputs.main_replicas,
     )
     multi_node = inputs.plan.request.nodes > 1
+    groups: int | None = None
     if multi_node:
-        objects = _main_groups(main, inputs.capabilities, owner, inputs.live_groups)
+        objects, groups = _main_groups(main, inputs.capabilities, owner, inputs.live_groups)
     else:
         objects = [build_deployment(main, owner)]
     if lc_pool is not None:
@@ -250,6 +254,11 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
     if lc_plan is not None:
         objects.append(build_service(long_context_service_name(name), namespace, name,
                                      LONG_CONTEXT_POOL, owner, config))
+    budgets = [(MAIN_POOL, budget(pool_min_replicas(svc, MAIN_POOL), groups))]
+    if lc_plan is not None:
+        budgets.append((LONG_CONTEXT_POOL, budget(pool_min_replicas(svc, LONG_CONTEXT_POOL))))
+    objects += [build_pod_disruption_budget(name, namespace, pool, spec, owner)
+                for pool, spec in budgets if spec is not None]
 
     version_labels = common_labels(name, ENGINE_COMPONENT)
     version_labels[VERSION_LABEL] = label_value(version)
@@ -300,10 +309,11 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
 
 
 def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, Any] | None,
-                 live_groups: int | None) -> list[dict[str, Any]]:
+                 live_groups: int | None) -> tuple[list[dict[str, Any]], int]:
     """A multi-node main pool: one group of pods per replica, as a LeaderWorkerSet when its
     CRD is served, else as StatefulSets and a headless Service. Autoscaled, the set's size
-    is the autoscaler's (whole groups) and the workers follow the groups running."""
+    is the autoscaler's (whole groups) and the workers follow the groups running. Returns
+    the objects and the groups running."""
     replicas, initial = desired_replicas(ctx)
     autoscaling = ctx.service.spec.autoscaling
     if replicas is not None:
@@ -315,8 +325,9 @@ def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, 
     model = group_model(ctx, replicas, groups)
     policy = build_network_policy(model, owner)
     if capabilities.leader_worker_set:
-        return [build_leader_worker_set(model, owner), policy]
-    return [*build_statefulsets(model, owner), build_headless_service(model, owner), policy]
+        return [build_leader_worker_set(model, owner), policy], groups
+    return [*build_statefulsets(model, owner), build_headless_service(model, owner),
+            policy], groups
 
 
 def _main_autoscaler(inputs: ServiceInputs, scaler: ScalerChoice, targets: TargetsChoice,
