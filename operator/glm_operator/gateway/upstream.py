@@ -11,6 +11,10 @@ which the pipeline passes on, or routes to the long-context pool on a context re
   level (wire/relay.py);
 - `HttpUpstream`: aiohttp's client for the rest (the long-context pool, an engine that is not
   plain http://, an HTTP/1.0 client's stream).
+
+The pool and the relay send a request to the engine once: again only where it was never
+written (its connection had closed first); a connection the engine closes after the write is
+a 502 `engine_dropped` (`engine_errors`), since the engine may have run the request.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import aiohttp
 
 from glm_operator.gateway.call import Call
 from glm_operator.gateway.openai import errors
+from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.openai.sse import StreamCapture
 from glm_operator.gateway.openai.validation import ParsedRequest
-from glm_operator.gateway.wire.engine import EngineHead, EngineTimeout
+from glm_operator.gateway.wire.engine import EngineDropped, EngineHead, EngineTimeout
 from glm_operator.gateway.wire.engine_pool import STALE_RETRIES, EnginePool
 from glm_operator.gateway.wire.framing import LAST_CHUNK, EngineProtocolError, head_bytes
 from glm_operator.gateway.wire.http import Request, Response, Streamed
@@ -72,14 +77,24 @@ class StreamBooks:
 
 @contextlib.contextmanager
 def engine_errors(where: str, read_timeout: float) -> Iterator[None]:
-    """Our engine clients' failures as the gateway's own errors: a timeout is 504, anything
-    else the engine did (refused, dropped, bad framing) is 503 naming `where`."""
+    """Our engine clients' failures as the gateway's own errors: a timeout is 504; a
+    connection the engine closed after the request was written to it is 502 (the request is
+    not sent again: the engine may have run it); anything else the engine did (refused,
+    bad framing) is 503 naming `where`."""
     try:
         yield
     except EngineTimeout:
         raise errors.engine_timeout(read_timeout) from None
+    except EngineDropped as exc:
+        raise engine_dropped(where, exc) from None
     except (OSError, EngineProtocolError) as exc:
         raise errors.engine_unavailable(f"{where}: {exc or type(exc).__name__}") from None
+
+
+def engine_dropped(where: str, exc: EngineDropped) -> GatewayError:
+    return GatewayError(
+        502, f"{where}: {exc}. The request was not sent again, since the engine may have "
+        "run it.", "server_error", None, "engine_dropped")
 
 
 def stream_head(content_type: str, rid: str, chunked: bool,

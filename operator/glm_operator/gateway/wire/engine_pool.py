@@ -6,10 +6,14 @@ response is parsed by httptools (C) into one future, and idle connections wait i
 Streams do not come here: they are relayed on connections of their own (relay.py).
 
 The pinned llama-server (cpp-httplib) closes a connection after 5 s without a request; a
-pooled connection idle longer than that allows (engine.py) is dropped rather than used. One
-that the engine closed anyway just before the request was written fails before any byte of
-an answer came back: the engine never saw that request, so it is sent again on another
-connection.
+pooled connection idle longer than that allows (engine.py) is dropped rather than used. A
+request is sent again on another connection only when it was never written: its connection
+had closed (or sent EOF) before the write. Once written, the engine may have run it, so a
+connection that closes before the answer is whole fails the request (EngineDropped: a 502),
+never sends it twice.
+
+A closed connection drops its parser (which holds its bound callbacks) and the answer's
+hook, so it is freed when the pool lets go of it, without the cycle collector.
 """
 
 from __future__ import annotations
@@ -17,16 +21,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
 from glm_operator.gateway.wire.engine import (
     OWN_CONNECTION_MAX_IDLE_SECONDS,
     EngineAddress,
+    EngineDropped,
     EngineHead,
     EngineTimeout,
+    NeverWritten,
+    bare,
     connect,
+    idle_peer_spoke,
+    socket_fd,
 )
 from glm_operator.gateway.wire.framing import EngineProtocolError
 
@@ -40,14 +49,10 @@ AnswerHook = Callable[[EngineHead, bytes], None]
 STALE_RETRIES = 3
 
 
-class NeverAnswered(ConnectionResetError):
-    """The connection closed before any byte of the answer: the engine never saw it."""
-
-
 class KeptAliveConnection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: Any = None  # while connected: it holds this object's bound callbacks
         self.transport: asyncio.Transport | None = None
         self._answer: asyncio.Future[tuple[EngineHead, bytes]] | None = None
         self._headers: dict[str, str] = {}
@@ -56,13 +61,23 @@ class KeptAliveConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._on_answer: AnswerHook | None = None
         self.keep_alive = False
-        self.lost = False
+        self.lost = False  # closed, or the engine sent EOF: never written to again
+        self.fd = -1
+
+    @property
+    def writable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.fd = socket_fd(transport)
+        self._parser = httptools.HttpResponseParser(self)
 
     def post(self, path: str, authority: str, body: bytes, read_timeout: float | None,
              on_answer: AnswerHook | None = None) -> asyncio.Future[tuple[EngineHead, bytes]]:
+        """Write the request; NeverWritten (at once) when the connection had closed."""
+        if not self.writable:
+            raise NeverWritten("the engine had closed the connection")
         assert self.transport is not None
         self._answer = answer = self._loop.create_future()
         self._on_answer = on_answer
@@ -83,6 +98,10 @@ class KeptAliveConnection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(EngineProtocolError(f"bad HTTP answer from the engine: {exc}"))
+
+    def eof_received(self) -> None:
+        self.lost = True  # at once: the pool must not write into it meanwhile
+        return None  # close our side too; connection_lost settles a request in flight
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
@@ -110,9 +129,10 @@ class KeptAliveConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         why = exc or "EOF"
-        self._fail(NeverAnswered(f"the engine closed the connection: {why}")
-                   if not self._answered_bytes else
-                   ConnectionResetError(f"the engine closed the connection mid-answer: {why}"))
+        # Only a request in flight fails: it was written, so the engine may have run it.
+        when = "mid-answer" if self._answered_bytes else "before answering"
+        self._fail(EngineDropped(f"the engine closed the connection {when}: {why}"))
+        self._parser = None
 
     def _timed_out(self, seconds: float) -> None:
         self._timer = None
@@ -122,9 +142,10 @@ class KeptAliveConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._on_answer = None
         answer, self._answer = self._answer, None
         if answer is not None and not answer.done():
-            answer.set_exception(exc)
+            answer.set_exception(bare(exc))
         self.abort()
 
     def abort(self) -> None:
@@ -143,20 +164,19 @@ class EnginePool:
     async def post(self, path: str, body: bytes, on_answer: AnswerHook | None = None
                    ) -> tuple[EngineHead, bytes]:
         """POST JSON and return the whole answer; `on_answer` sees it first, as it is
-        parsed (once: a request sent again after a stale connection is answered once)."""
+        parsed. Sent again only where it was never written (its connection had closed);
+        EngineDropped when the engine closed the connection after it was written."""
         loop = asyncio.get_running_loop()
         for _ in range(STALE_RETRIES + 1):
             connection = self._take_idle(loop.time())
-            pooled = connection is not None
             if connection is None:
                 connection = await self._connect(loop)
             try:
                 head, answer = await connection.post(path, self.address.authority, body,
                                                      self._read_timeout, on_answer)
-            except NeverAnswered:
-                if pooled:
-                    continue  # closed while idle: the engine never saw the request
-                raise
+            except NeverWritten:
+                connection.abort()
+                continue  # closed before the write: the engine never saw the request
             except BaseException:
                 connection.abort()  # cancelled or failed: the engine stops working on it
                 raise
@@ -165,7 +185,7 @@ class EnginePool:
             else:
                 connection.abort()
             return head, answer
-        raise NeverAnswered("the engine closed every kept-alive connection")
+        raise NeverWritten("the engine closed every connection before the request was written")
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> KeptAliveConnection:
         connection = KeptAliveConnection(loop)
@@ -175,7 +195,8 @@ class EnginePool:
     def _take_idle(self, now: float) -> KeptAliveConnection | None:
         while self._idle:
             connection, since = self._idle.pop()
-            if not connection.lost and now - since <= OWN_CONNECTION_MAX_IDLE_SECONDS:
+            if (connection.writable and now - since <= OWN_CONNECTION_MAX_IDLE_SECONDS
+                    and not idle_peer_spoke(connection.fd)):
                 return connection
             connection.abort()
         return None

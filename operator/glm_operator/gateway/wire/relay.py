@@ -13,6 +13,13 @@ llama-server closes a keep-alive connection after every streamed answer anyway
 (docs/performance.md). EngineConnector keeps one connection opened ahead (a spare), so a
 request's bytes leave without waiting for a TCP handshake. Whole (non-streamed) answers go
 over kept-alive connections instead (engine_pool.py).
+
+A request goes to the engine once: a spare found closed before the write is replaced by a new
+connection, but one that closes after the request was written fails it (EngineDropped: a
+502), since the engine may have run it. The client side's own limits (a client that stops
+reading is dropped after the write-stall timeout, which cancels the handler and so this
+exchange) are the HTTP server's (http.py). `abort()` lets go of the client's transport and
+callbacks, so nothing of a finished stream waits for the cycle collector.
 """
 
 from __future__ import annotations
@@ -24,9 +31,13 @@ from typing import cast
 from glm_operator.gateway.wire.engine import (
     OWN_CONNECTION_MAX_IDLE_SECONDS,
     EngineAddress,
+    EngineDropped,
     EngineHead,
     EngineTimeout,
+    bare,
     connect,
+    idle_peer_spoke,
+    socket_fd,
 )
 from glm_operator.gateway.wire.framing import (
     CLIENT_BUFFER_HIGH,
@@ -77,13 +88,19 @@ class EngineExchange(asyncio.Protocol):
         self._last_data = loop.time()
         self._timer: asyncio.TimerHandle | None = None
         self.sent = False
-        self.lost = False
+        self.lost = False  # closed, or the engine sent EOF
+        self.fd = -1
+
+    @property
+    def writable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, yet have its methods.
         self.transport = cast(asyncio.Transport, transport)
+        self.fd = socket_fd(transport)
 
     def send(self, path: str, authority: str, body: bytes) -> None:
         """Write the request (a POST of JSON); the read timeout counts from here."""
@@ -111,6 +128,7 @@ class EngineExchange(asyncio.Protocol):
             self._fail(exc)
 
     def eof_received(self) -> bool | None:
+        self.lost = True  # at once: a spare that the engine closed is not written to
         return None  # close our side too; connection_lost settles the exchange
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -119,10 +137,12 @@ class EngineExchange(asyncio.Protocol):
             return  # a spare the engine closed: never used, nobody waits on it
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         if self._drain is not None:
             self._drain.cancel()
         if not self.head.done():
-            self.head.set_exception(ConnectionResetError(
+            # Written, so perhaps run: not sent again.
+            self.head.set_exception(EngineDropped(
                 f"the engine closed the connection before answering: {exc or 'EOF'}"))
         elif self._until_close and not self.done.done():
             # A body delimited by the connection's end is complete now.
@@ -130,7 +150,7 @@ class EngineExchange(asyncio.Protocol):
                 self._relay_to.write(LAST_CHUNK)
             self._settle()
         elif not self.done.done():
-            self.done.set_exception(ConnectionResetError(
+            self.done.set_exception(EngineDropped(
                 f"the engine closed the connection mid-answer: {exc or 'EOF'}"))
 
     # --- reading ---------------------------------------------------------------------------
@@ -196,9 +216,9 @@ class EngineExchange(asyncio.Protocol):
     def _fail(self, exc: BaseException) -> None:
         for future in (self.head, self.done):
             if not future.done():
-                future.set_exception(exc)
+                future.set_exception(bare(exc))
                 break
-        self.abort()
+        self._close()
 
     def _check_timeout(self) -> None:
         assert self._read_timeout
@@ -295,7 +315,19 @@ class EngineExchange(asyncio.Protocol):
         return False
 
     def abort(self) -> None:
-        """Drop the engine connection at once: the engine stops generating for it."""
+        """Drop the engine connection at once (the engine stops generating for it), and let
+        go of the client: the exchange is over."""
+        self._close()
+        self._relay_to = None
+        self._on_payload = _ignore
+        self._drain_client = None
+        if self._drain is not None:
+            self._drain.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
 
@@ -334,29 +366,20 @@ class EngineConnector:
         if spare is None:
             return None
         age = asyncio.get_running_loop().time() - self._spare_at
-        if spare.lost or age > OWN_CONNECTION_MAX_IDLE_SECONDS:
-            spare.abort()
+        if (not spare.writable or age > OWN_CONNECTION_MAX_IDLE_SECONDS
+                or idle_peer_spoke(spare.fd)):
+            spare.abort()  # closed before anything was written to it: a new one instead
             return None
         return spare
 
     async def open(self, path: str, body: bytes) -> EngineExchange:
-        """Send one POST; return once the answer's head has arrived."""
+        """Send one POST; return once the answer's head has arrived. EngineDropped when the
+        engine closed the connection after the request was written (never sent twice)."""
         exchange = self._take_spare() if self._keep_spare else None
         if self._keep_spare and self._opening is None:
             self._opening = asyncio.create_task(self._open_spare())
-        if exchange is not None:
-            exchange.send(path, self.address.authority, body)
-            try:
-                await exchange.head
-                return exchange
-            except ConnectionResetError:
-                # The engine closed the spare before reading the request: send it again on
-                # a new connection (the engine never saw it).
-                exchange.abort()
-            except BaseException:
-                exchange.abort()
-                raise
-        exchange = await self._connect()
+        if exchange is None:
+            exchange = await self._connect()
         exchange.send(path, self.address.authority, body)
         try:
             await exchange.head
