@@ -114,10 +114,14 @@ class Gateway:
         return self._session
 
     def http_server(self) -> HttpServer:
-        """The HTTP front (wire/http.py); a body over max_body_bytes becomes a JSON 413."""
+        """The HTTP front (wire/http.py) with the gateway's caps: a body over max_body_bytes
+        becomes a JSON 413, and a /v1/* request without a valid key is answered 401 from its
+        head alone (before its body is read)."""
+        config, proxy = self.config, self.proxy
         router = Router(self.not_found)
-        router.add("POST", "/v1/chat/completions", self.proxy.chat_completions)
-        router.add("POST", "/v1/completions", self.proxy.completions)
+        check = proxy.refuse_unauthenticated if proxy.keys is not None else None
+        router.add("POST", "/v1/chat/completions", proxy.chat_completions, check)
+        router.add("POST", "/v1/completions", proxy.completions, check)
         for method in ("GET", "HEAD"):
             router.add(method, "/v1/models", self.models)
             router.add(method, "/healthz", self.healthz)
@@ -125,7 +129,11 @@ class Gateway:
             router.add(method, "/enginez", self.enginez)
             router.add(method, "/metrics", self.metrics_endpoint)
             router.add(method, "/metrics/engine", self.engine_metrics)
-        return HttpServer(router, self.config.max_body_bytes)
+        return HttpServer(router, config.max_body_bytes,
+                          max_connections=config.max_connections,
+                          max_buffered_bytes=config.max_buffered_bytes,
+                          write_stall_timeout_seconds=config.write_stall_timeout_seconds,
+                          drain_seconds=config.drain_seconds)
 
     async def start(self) -> None:
         """Open the engine session and start the background work (warm-up, probes)."""

@@ -10,15 +10,33 @@ response objects, its router, its payload and writer layers. Here a request is p
 callbacks into one small object, a handler returns bytes to write, and a streamed answer is
 written by the handler straight to the transport (relay.py).
 
-What a front door must still do, it does:
+What a front door must still do, it does, against clients that mean harm too
+(tests/gateway/test_http_hostile.py sends each case's bytes):
 - keep-alive and pipelined requests (answered in order, one handler at a time per connection);
 - `Expect: 100-continue`; bodies by Content-Length or chunked; HTTP/1.0 clients;
-- a body over the limit is refused without being buffered (`Request.too_large`);
-- heads over 64 KiB, bad framing: 400/431 and the connection closed;
+- a route's head check (`Router.add(..., head_check=)`) answers from the head alone, before a
+  body byte is read and before `100 Continue`: the 401 of /v1/*;
+- head bytes counted as they arrive: a head (or a trailer section) past 64 KiB is 431 then,
+  however it is split, and no more than that is ever handed to the parser;
+- caps: client connections (`max_connections`: one more is answered 503), the bytes held for
+  requests across all connections (`max_buffered_bytes`: a body that would pass it is answered
+  503 unread), a body over `max_body_bytes` (413 unread);
+- slow clients: a head must be whole 10 s after its first byte and a body must not stall for
+  30 s (408); a client that leaves what is written to it unread `write_stall_timeout_seconds`
+  is dropped as one that hung up;
+- the protocol: HTTP/1.0 and 1.1 only (505), one Host in 1.1 (400), `Transfer-Encoding` only
+  `chunked` (501), CONNECT 405, Upgrade ignored (the request answered, then the connection
+  closed), trailer fields read and dropped (RFC 9110 6.5.1), bad framing and llhttp's
+  strictness (CL with TE, two CLs, obs-fold) 400 once the requests before it are answered;
+- a refusal that leaves bytes unread closes after a short linger (what the client still sends
+  is read and dropped), so the client reads the answer rather than a reset;
 - a client that hangs up cancels its handler (the engine connection is dropped with it);
-- idle keep-alive connections close after 75 s; a graceful stop lets handlers finish.
+- idle keep-alive connections close after 75 s; a graceful stop closes idle ones, answers a
+  request that arrives meanwhile 503 `shutting_down`, and lets running handlers finish;
+- a closed connection leaves no reference cycle (parser, requests, timers dropped), so its
+  memory comes back without the cycle collector.
 
-(A little over 400 lines: a connection's parser callbacks and its answering share one
+(Some 850 lines: a connection's parser callbacks, its limits and its answering share one
 object's state, and splitting them would put a call between them on every request.)
 """
 
@@ -40,7 +58,16 @@ from glm_operator.gateway.wire.framing import CLIENT_BUFFER_HIGH, MAX_HEAD_BYTES
 log = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 75.0  # an idle client connection is closed after this long
+HEAD_TIMEOUT_SECONDS = 10.0  # a request head must be whole this long after its first byte
+BODY_TIMEOUT_SECONDS = 30.0  # a request body that sends nothing this long is given up
+# After a refusal that left the client's request unread: what it still sends is read and
+# dropped this long, so that closing does not reset the connection under the answer.
+LINGER_SECONDS = 2.0
 MAX_PIPELINED = 8  # requests parsed ahead of the one being answered; then reading pauses
+MAX_CONNECTIONS = 1024
+MAX_BUFFERED_BYTES = 64 * 1024 * 1024
+WRITE_STALL_TIMEOUT_SECONDS = 30.0
+DRAIN_SECONDS = 25.0
 
 
 @dataclass(slots=True)
@@ -54,6 +81,11 @@ class Request:
     too_large: bool = False  # the body passed the limit: not kept, and the connection closes
     keep_alive: bool = True  # what the client asked (HTTP version and Connection header)
     key_id: str | None = None  # the API key's id, when a head check found it (proxy.py)
+    # The server's own: the route's handler, the answer when the server refused the request
+    # itself, and the bytes it counts in the server's buffered total.
+    handler: Handler | None = None
+    refusal: Response | None = None
+    held: int = 0
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -92,6 +124,10 @@ class Streamed:
 
 
 Handler = Callable[[Request], Awaitable[Response | Streamed]]
+# Sees a request once its head is parsed, before a byte of its body is read or `100 Continue`
+# is sent; a Response it returns is the answer (the body is never read, and the connection
+# closes after it), None lets the request go on to its handler.
+HeadCheck = Callable[[Request], Response | None]
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None
@@ -100,18 +136,42 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
                     {"Content-Type": "application/json", **(headers or {})})
 
 
+def error_response(status: int, message: str, code: str,
+                   type_: str = "invalid_request_error",
+                   headers: dict[str, str] | None = None) -> Response:
+    """The server's own refusals, in OpenAI's error shape (as openai/errors.py writes it)."""
+    return json_response({"error": {"message": message, "type": type_, "param": None,
+                                    "code": code}}, status, headers)
+
+
+def _busy(message: str, code: str) -> Response:
+    return error_response(503, message, code, "server_error", {"Retry-After": "1"})
+
+
+SHUTTING_DOWN = ("The gateway is shutting down: send the request again (another replica "
+                 "answers it).", "shutting_down")
+
+
 class Router:
     """Exact (method, path) routes; anything else goes to the fallback."""
 
     def __init__(self, fallback: Handler) -> None:
-        self._routes: dict[tuple[str, str], Handler] = {}
-        self._fallback = fallback
+        self._routes: dict[tuple[str, str], tuple[Handler, HeadCheck | None]] = {}
+        self._fallback: tuple[Handler, HeadCheck | None] = (fallback, None)
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
-        self._routes[(method, path)] = handler
+    def add(self, method: str, path: str, handler: Handler,
+            head_check: HeadCheck | None = None) -> None:
+        self._routes[(method, path)] = (handler, head_check)
+
+    def route(self, method: str, path: str) -> tuple[Handler, HeadCheck | None]:
+        return self._routes.get((method, path)) or self._fallback
 
     def find(self, method: str, path: str) -> Handler:
-        return self._routes.get((method, path)) or self._fallback
+        return self.route(method, path)[0]
+
+
+class _Stop(Exception):
+    """Raised from a parser callback that has answered the request itself: parsing ends."""
 
 
 class HttpConnection(asyncio.Protocol):
@@ -120,44 +180,145 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self._server = server
         self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpRequestParser(self)
+        # Made once the connection is accepted, dropped when it closes: it holds this
+        # object's bound callbacks, a cycle the cycle collector would otherwise have to find.
+        self._parser: Any = None
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self._queue: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._current: Request | None = None  # being answered
+        self._lost = False
+        self._reading = True  # False once a refusal or an Upgrade ended parsing
+        self._lingering = False
         self._paused_reading = False
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
         self._active_at = self._loop.time()  # the last request's end: idle counts from here
         # the request being parsed
         self._url = bytearray()
         self._headers: dict[str, str] = {}
-        self._head_bytes = 0
-        self._header_name = b""
+        self._fault: str | None = None  # a fault of the head seen in a header (two Hosts)
+        self._head_bytes = 0  # what is kept of the head (names and values)
         self._body: list[bytes] = []
         self._body_bytes = 0
-        self._request: Request | None = None
+        self._request: Request | None = None  # its head is parsed, its body not yet
+        self._in_head = True  # between requests or inside a head: bytes count toward the head
+        self._begun = False  # the parser saw the request's first byte, and not its end
+        self._ended = False  # a request ended in the piece just fed
+        self._head_fed = 0  # bytes handed to the parser since the head began (at most)
+        self._head_started = 0.0  # when the head in progress was first seen unfinished
+        self._body_left = 0  # Content-Length bytes still to come; -1: chunked
+        self._chunk_mark = -1  # body bytes when the last chunk's size line came
+        self._trailer_line = 0  # bytes of the trailer line in progress (at most)
+        self._trailer_bytes = 0
+        self._raw_left = 0  # an Upgrade request's body, read past the parser
+        self._held = 0  # bytes of the request being parsed counted in server.buffered_bytes
+        # what the timer saw at its last look
+        self._seen_body = -1
+        self._seen_body_at = 0.0
+        self._seen_pending = 0
+        self._seen_pending_at = 0.0
+        self._resumes = 0
+        self._seen_resumes = 0
 
     # --- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self._server.connections.add(self)
-        self._arm_idle()
+        server = self._server
+        if len(server.connections) >= server.max_connections:
+            # Answered at once and closed; it never counts among the open connections.
+            self._reading = False
+            response = _busy(f"The gateway holds its most client connections "
+                             f"({server.max_connections}); retry shortly.",
+                             "too_many_connections")
+            self.transport.write(self._framed(response, (1, 1), "", keep_alive=False))
+            self._linger_close()
+            return
+        server.connections.add(self)
+        self._parser = httptools.HttpRequestParser(self)
+        self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
-        if self._closing:
+        if not self._reading:
+            return  # refused, upgraded or lingering: what more comes is dropped
+        if self._raw_left:
+            self._raw_body(data, 0)
             return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._refuse(400, "protocol upgrades are not served here")
-        except httptools.HttpParserError as exc:
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._refuse(431, "request head larger than 64 KiB")
+        parser, server = self._parser, self._server
+        size, pos = len(data), 0
+        view: memoryview | None = None
+        align = True
+        while pos < size and self._reading:
+            aligned = False
+            if self._in_head:
+                # Between requests or inside a head: the parser is fed no more than the head
+                # may still take (httptools joins a split header line with `bytes +=`), and
+                # only up to the head's end, so that what follows is counted as what it is.
+                room = MAX_HEAD_BYTES - self._head_fed
+                if room <= 0:
+                    self._refuse(431, "The request head is larger than 64 KiB.",
+                                 "request_header_fields_too_large")
+                    return
+                take = min(room, size - pos)
+                if align:
+                    blank = data.find(b"\r\n\r\n", pos, pos + take)
+                    if blank >= 0:
+                        take, aligned = blank + 4 - pos, True
+                self._head_fed += take
+            elif self._body_left > 0:
+                take = min(self._body_left, size - pos)  # a request ends at a piece's end
+            elif self._body_left < 0 and self._chunk_mark == self._body_bytes:
+                # Chunked, after a size line: perhaps the last one's trailer section.
+                room = MAX_HEAD_BYTES - self._trailer_line
+                if room <= 0:
+                    self._refuse(431, "The request's trailer section is larger than 64 KiB.",
+                                 "request_header_fields_too_large")
+                    return
+                take = min(room, size - pos)
             else:
-                self._refuse(400, f"malformed HTTP request: {exc}")
+                take = size - pos
+            if take == size:
+                piece: bytes | memoryview = data
+            else:
+                if view is None:
+                    view = memoryview(data)
+                piece = view[pos:pos + take]
+            self._ended = False
+            try:
+                parser.feed_data(piece)
+            except httptools.HttpParserUpgrade as upgrade:
+                self._upgraded(data, pos + int(upgrade.args[0]))
+                return
+            except httptools.HttpParserError as exc:
+                if self._reading:  # not one of our own refusals
+                    self._refuse(400, f"Malformed HTTP request: {exc}.", "bad_request")
+                return
+            end = pos + take
+            if aligned and self._in_head and not self._ended:
+                align = False  # blank lines before a request, not a head's end: feed on
+            if self._ended and self._in_head and self._begun:
+                # A request ended inside this piece and the next one's head began after it:
+                # that head has at most the bytes after the piece's last blank line.
+                last = data.rfind(b"\r\n\r\n", pos, end)
+                self._head_fed = end - last - 4 if last >= 0 else take
+            elif self._body_left < 0 and self._chunk_mark == self._body_bytes \
+                    and not self._in_head:
+                newline = data.rfind(b"\n", pos, end)
+                self._trailer_line = (end - newline - 1 if newline >= 0
+                                      else self._trailer_line + take)
+            pos = end
+        if self._in_head and self._begun and self._reading:
+            # A head is unfinished: its bytes count among those the server holds, and its
+            # time runs from now.
+            if not self._head_started:
+                self._head_started = self._loop.time()
+            grow = self._head_fed - self._held
+            if grow > 0:
+                self._held += grow
+                server.buffered_bytes += grow
 
     def eof_received(self) -> None:
         # A client that closes its side has gone, as far as HTTP goes (few clients half-close,
@@ -166,26 +327,45 @@ class HttpConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        self._server.connections.discard(self)
-        if self._idle is not None:
-            self._idle.cancel()
+        self._lost = True
+        self._reading = False
+        server = self._server
+        server.connections.discard(self)
+        if self._lingering:
+            self._lingering = False
+            server.lingering -= 1
+        for handle in (self._timer, self._linger):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._linger = None
         if self._task is not None:
             self._task.cancel()  # the client is gone: its handler stops (the engine's too)
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_exception(ConnectionResetError("the client closed"))
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the client closed"))
+        # What the connection held comes back now (the request being answered, once its
+        # handler has stopped), and nothing it made points back at it.
+        server.buffered_bytes -= self._held
+        self._held = 0
+        for request in self._queue:
+            self._release(request)
+        self._queue.clear()
+        self._request = None
+        self._body = []
+        self._parser = None
 
     def pause_writing(self) -> None:
         self._write_paused = True
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._resumes += 1  # the client reads: what the write-stall timeout looks for
         waiter, self._drain_waiter = self._drain_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
     async def drain(self) -> None:
-        if self._closing or self.transport.is_closing():
+        if self._lost or self.transport.is_closing():
             raise ConnectionResetError("the client closed")
         if not self._write_paused and self.transport.get_write_buffer_size() <= CLIENT_BUFFER_HIGH:
             return
@@ -196,31 +376,53 @@ class HttpConnection(asyncio.Protocol):
     # --- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._begun = True
         self._url.clear()
         self._headers = {}
+        self._fault = None
         self._head_bytes = 0
         self._body = []
         self._body_bytes = 0
+        self._trailer_bytes = 0
         self._request = None
 
     def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._head_bytes += len(url)
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise httptools.HttpParserError("head too large")
+        self._url += url  # bounded: the parser is never fed more than a head may hold
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise httptools.HttpParserError("head too large")
+        size = len(name) + len(value) + 4
+        if self._request is not None:
+            # A trailer field: read, counted, never merged into the head (RFC 9110 6.5.1: an
+            # Authorization or X-Request-Id sent after the body is not the request's).
+            self._trailer_bytes += size
+            if self._trailer_bytes > MAX_HEAD_BYTES:
+                self._refuse(431, "The request's trailer section is larger than 64 KiB.",
+                             "request_header_fields_too_large")
+                raise _Stop
+            return
+        self._head_bytes += size
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         previous = self._headers.get(key)
-        self._headers[key] = text if previous is None else f"{previous}, {text}"
+        if previous is None:
+            self._headers[key] = text
+        else:
+            if key == "host":
+                self._fault = "An HTTP request carries one Host header, not two (RFC 9112 3.2)."
+            self._headers[key] = f"{previous}, {text}"
 
     def on_headers_complete(self) -> None:
-        parser = self._parser
+        parser, server = self._parser, self._server
+        self._in_head = False
+        self._head_fed = 0
+        self._head_started = 0.0
         version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            self._refuse(505, f"HTTP/{version} is not served here: send HTTP/1.1.",
+                         "http_version_not_supported")
+            raise _Stop
+        headers = self._headers
+        method = parser.get_method().decode("latin-1")
         url = bytes(self._url)
         if not url.startswith(b"/"):  # absolute form (through a forward proxy) or `*`
             try:
@@ -228,47 +430,166 @@ class HttpConnection(asyncio.Protocol):
             except httptools.HttpParserInvalidURLError:
                 url = b"/"
         path = url.split(b"?", 1)[0].decode("latin-1")
-        self._request = request = Request(
-            method=parser.get_method().decode("latin-1"), path=path,
-            version=(1, 1) if version == "1.1" else (1, 0), headers=self._headers,
-            connection=self)
-        length = self._headers.get("content-length")
-        limit = self._server.max_body_bytes
-        if length is not None and length.isdigit() and int(length) > limit:
+        request = Request(method=method, path=path,
+                          version=(1, 1) if version == "1.1" else (1, 0), headers=headers,
+                          connection=self)
+        # The head is held as what is kept of it now, no longer as the bytes that came.
+        kept = self._head_bytes + len(url)
+        server.buffered_bytes += kept - self._held
+        self._held = kept
+        refusal = self._head_fault(request, method, headers)
+        handler, head_check = server.router.route(method, path)
+        request.handler = handler
+        if refusal is None and head_check is not None:
+            refusal = head_check(request)
+        if refusal is None and server.stopping:
+            refusal = _busy(*SHUTTING_DOWN)
+        if refusal is not None:
+            self._refuse_request(request, refusal)
+            raise _Stop
+        chunked = "transfer-encoding" in headers
+        try:
+            length = 0 if chunked else int(headers.get("content-length") or 0)
+        except ValueError:  # llhttp checks it; a bad one is bad framing all the same
+            self._refuse_request(request, error_response(
+                400, "Malformed HTTP request: bad Content-Length.", "bad_request"))
+            raise _Stop from None
+        if length > server.max_body_bytes:
             # Refused before the body comes: not buffered, and (no 100 Continue) a client
             # that waits for it never sends it. The connection closes after the answer.
             request.too_large = True
-            self._dispatch(request)
-            self._closing = True  # read nothing more
-            return
-        if self._headers.get("expect", "").lower() == "100-continue" and request.http11:
+            self._stop_reading(request)
+            raise _Stop
+        if length and server.buffered_bytes + length > server.max_buffered_bytes:
+            self._refuse_request(request, _busy(
+                f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
+                "--max-buffered-bytes); retry shortly.", "server_busy"))
+            raise _Stop
+        self._held += length  # what the body will take, counted before it comes
+        server.buffered_bytes += length
+        self._body_left = -1 if chunked else length
+        self._chunk_mark = -1
+        self._seen_body = -1
+        if parser.should_upgrade():
+            # RFC 9110 7.8: a server may ignore Upgrade. llhttp takes the rest of the
+            # connection for the other protocol, so a body is read past it (Content-Length
+            # only), and the connection closes after the answer.
+            if chunked:
+                self._refuse_request(request, error_response(
+                    400, "A chunked body with Upgrade is not served: send the request "
+                    "without Upgrade.", "bad_request"))
+                raise _Stop
+            self._raw_left = length
+            self._body_left = 0
+        self._request = request
+        if request.http11 and headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def _head_fault(self, request: Request, method: str, headers: dict[str, str]
+                    ) -> Response | None:
+        """What the head alone says is wrong with the request, as its answer."""
+        if self._fault is not None:
+            return error_response(400, self._fault, "bad_request")
+        if request.http11 and "host" not in headers:
+            return error_response(400, "An HTTP/1.1 request must carry a Host header "
+                                       "(RFC 9112 3.2).", "bad_request")
+        coding = headers.get("transfer-encoding")
+        if coding is not None:
+            if not request.http11:
+                return error_response(400, "An HTTP/1.0 request cannot use Transfer-Encoding "
+                                           "(RFC 9112 6.1).", "bad_request")
+            if coding.strip().lower() != "chunked":
+                return error_response(501, f"Transfer-Encoding {coding!r} is not implemented: "
+                                           "send the body with Content-Length, or with "
+                                           "Transfer-Encoding: chunked alone.",
+                                      "not_implemented")
+        if method == "CONNECT":
+            return error_response(405, "CONNECT is not served: this is an OpenAI-compatible "
+                                       "API, not a proxy.", "method_not_allowed",
+                                  headers={"Allow": "GET, HEAD, POST"})
+        return None
+
     def on_body(self, body: bytes) -> None:
-        if self._request is None or self._request.too_large:
+        size = len(body)
+        self._body_bytes += size
+        if self._body_left >= 0:  # Content-Length: within the limits, counted already
+            self._body_left -= size
+            self._body.append(body)
             return
-        self._body_bytes += len(body)
-        if self._body_bytes > self._server.max_body_bytes:
-            self._request.too_large = True  # chunked: read to the end, keep nothing
+        # Chunked: counted as it comes.
+        server = self._server
+        self._held += size
+        server.buffered_bytes += size
+        if self._body_bytes > server.max_body_bytes:
+            request = cast(Request, self._request)
+            request.too_large = True  # the handler answers 413; nothing more is read
             self._body = []
-            return
+            self._stop_reading(request)
+            raise _Stop
+        if server.buffered_bytes > server.max_buffered_bytes:
+            self._body = []
+            self._refuse_request(cast(Request, self._request), _busy(
+                f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
+                "--max-buffered-bytes); retry shortly.", "server_busy"))
+            raise _Stop
         self._body.append(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_mark = self._body_bytes
+        self._trailer_line = 0
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_mark = -1
+
     def on_message_complete(self) -> None:
+        self._in_head = True
+        self._begun = False
+        self._ended = True
+        self._body_left = 0
         request = self._request
-        if request is None or self._closing:
-            return
-        if not request.too_large:
+        if request is None or self._raw_left:
+            return  # an Upgrade request's body comes past the parser (_raw_body)
+        self._request = None
+        if self._body:
             request.body = b"".join(self._body)
-        self._body = []
+            self._body = []
         # Read now: with pipelining the parser moves on to the next request before this one
         # is answered.
-        request.keep_alive = self._parser.should_keep_alive()
+        parser = self._parser
+        request.keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
+        self._dispatch(request)
+
+    # --- past the parser -------------------------------------------------------------------
+
+    def _upgraded(self, data: bytes, at: int) -> None:
+        """The parser stopped at an Upgrade, which is ignored: the request is answered over
+        HTTP/1.1, and nothing after it is parsed (it may be the other protocol)."""
+        if self._raw_left:
+            self._raw_body(data, at)
+        else:
+            self._reading = False
+
+    def _raw_body(self, data: bytes, at: int) -> None:
+        piece = data[at:at + self._raw_left]
+        if not piece:
+            return
+        self._raw_left -= len(piece)
+        self._body_bytes += len(piece)
+        self._body.append(piece)
+        if self._raw_left:
+            return
+        request = cast(Request, self._request)
+        self._request = None
+        request.body = b"".join(self._body)
+        self._body = []
+        request.keep_alive = False
+        self._reading = False
         self._dispatch(request)
 
     # --- answering -------------------------------------------------------------------------
 
     def _dispatch(self, request: Request) -> None:
+        request.held, self._held = request.held + self._held, 0
         self._queue.append(request)
         if len(self._queue) >= MAX_PIPELINED and not self._paused_reading:
             self._paused_reading = True
@@ -276,113 +597,239 @@ class HttpConnection(asyncio.Protocol):
         if self._task is None:
             self._task = self._loop.create_task(self._answer_queue())
 
+    def _stop_reading(self, request: Request) -> None:
+        """Answer `request` after those before it, and read nothing more: the connection
+        closes after the answer (lingering: the client may still be sending)."""
+        self._reading = False
+        self._request = None
+        self._begun = False
+        self._body = []
+        request.keep_alive = False
+        self._dispatch(request)
+        if not self._paused_reading:  # until the answer is written: the kernel holds back
+            self._paused_reading = True
+            self.transport.pause_reading()
+
+    def _refuse_request(self, request: Request, response: Response) -> None:
+        request.refusal = response
+        self._stop_reading(request)
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """A refusal before there is a request to answer (bad framing, a head too large or
+        too slow): answered after the requests before it, then the connection closes."""
+        self._refuse_request(Request("", "", (1, 1), {}, self),
+                             error_response(status, message, code))
+
+    def _release(self, request: Request) -> None:
+        self._server.buffered_bytes -= request.held
+        request.held = 0
+
     async def _answer_queue(self) -> None:
         try:
             while self._queue and not self.transport.is_closing():
                 request = self._queue.popleft()
-                if self._paused_reading and len(self._queue) < MAX_PIPELINED // 2:
+                if (self._paused_reading and self._reading
+                        and len(self._queue) < MAX_PIPELINED // 2):
                     self._paused_reading = False
                     self.transport.resume_reading()
-                keep_alive = await self._answer(request)
+                self._current = request
+                try:
+                    keep_alive = await self._answer(request)
+                finally:
+                    self._current = None
+                    self._release(request)
                 if not keep_alive:
-                    self.transport.close()
+                    self._close_after_answer()
                     return
         except asyncio.CancelledError:
             return  # the client went away
         finally:
             self._task = None
-        if self._server.stopping:
+        if self._server.stopping and self.is_idle():
             self.transport.close()
         else:
             self._active_at = self._loop.time()
 
     async def _answer(self, request: Request) -> bool:
         """Run the handler, write its answer; whether the connection may serve another."""
-        self._server.in_flight += 1
+        server = self._server
+        if request.refusal is None and server.stopping:
+            # Arrived behind a running request after the stop began: refused, not started.
+            request.refusal = _busy(*SHUTTING_DOWN)
+            request.keep_alive = False
+        if request.refusal is not None:
+            self._write(request, request.refusal)
+            return False
+        handler = request.handler or server.router.find(request.method, request.path)
+        server.in_flight += 1
         try:
-            result = await self._server.router.find(request.method, request.path)(request)
+            result = await handler(request)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("unhandled error answering %s %s", request.method, request.path)
-            result = json_response({"error": {"message": "internal error in the gateway",
-                                              "type": "server_error", "code": "internal"}},
-                                   500)
+            result = error_response(500, "internal error in the gateway", "internal",
+                                    "server_error")
         finally:
-            self._server.in_flight -= 1
+            server.in_flight -= 1
         if isinstance(result, Streamed):
             return self._keep_alive(request) and result.complete and request.http11
         keep_alive = self._write(request, result)
         if result.after is not None:
-            self._server.in_flight += 1  # a graceful stop waits for it too
+            server.in_flight += 1  # a graceful stop waits for it too
             try:
                 await result.after()
             except Exception:
                 log.exception("unhandled error after answering %s %s", request.method,
                               request.path)
             finally:
-                self._server.in_flight -= 1
+                server.in_flight -= 1
         return keep_alive
 
     def _keep_alive(self, request: Request) -> bool:
-        return request.keep_alive and not request.too_large and not self._server.stopping
+        if not request.keep_alive or request.too_large:
+            return False
+        # Stopping: the connection closes after this answer, unless a request came behind it
+        # (it is answered 503 shutting_down, with the close).
+        return not self._server.stopping or bool(self._queue)
 
-    def _write(self, request: Request, response: Response) -> bool:
-        """Write a whole answer with its framing; whether the connection stays open."""
-        keep_alive = self._keep_alive(request)
+    def _framed(self, response: Response, version: tuple[int, int], method: str,
+                keep_alive: bool, http11: bool = True) -> bytes:
         headers = response.headers
         headers["Content-Length"] = str(len(response.body))
         if not keep_alive:
             headers["Connection"] = "close"
-        elif not request.http11:
+        elif not http11:
             headers["Connection"] = "keep-alive"
-        body = b"" if request.method == "HEAD" else response.body
+        body = b"" if method == "HEAD" else response.body
+        return head_bytes(response.status, headers, version) + body
+
+    def _write(self, request: Request, response: Response) -> bool:
+        """Write a whole answer with its framing; whether the connection stays open."""
+        keep_alive = self._keep_alive(request)
         if not self.transport.is_closing():
-            self.transport.write(head_bytes(response.status, headers, request.version) + body)
+            self.transport.write(self._framed(response, request.version, request.method,
+                                              keep_alive, request.http11))
         return keep_alive
 
     def write_now(self, request: Request, response: Response) -> Streamed:
         return Streamed(complete=self._write(request, response) and request.http11)
 
-    def _refuse(self, status: int, message: str) -> None:
-        """Bad framing: answer once and close; nothing after it can be parsed."""
-        self._closing = True
-        self._queue.clear()
-        if self._task is None and not self.transport.is_closing():
-            body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                         "code": "bad_request"}}).encode()
-            self.transport.write(head_bytes(status, {
-                "Content-Type": "application/json", "Content-Length": str(len(body)),
-                "Connection": "close"}) + body)
-        self.transport.close()
-
-    def _arm_idle(self, delay: float = KEEPALIVE_SECONDS) -> None:
-        # One timer per connection that re-arms itself, rather than one per request.
-        self._idle = self._loop.call_later(delay, self._idle_timeout)
-
-    def _idle_timeout(self) -> None:
-        self._idle = None
-        if self._task is not None or self._queue:
-            self._arm_idle()  # busy: look again a whole period later
-            return
-        idle = self._loop.time() - self._active_at
-        if idle >= KEEPALIVE_SECONDS:
-            self.transport.close()
+    def _close_after_answer(self) -> None:
+        if self._reading:
+            self.transport.close()  # the request was read whole: nothing is left unread
         else:
-            self._arm_idle(KEEPALIVE_SECONDS - idle)
+            self._linger_close()
+
+    def _linger_close(self) -> None:
+        """Close a connection whose client may still be sending (a refused body): our side
+        is shut after the answer, and what the client sends meanwhile is read and dropped
+        until it closes, or for LINGER_SECONDS; closing with bytes unread would reset the
+        connection, and the client could lose the answer with it."""
+        transport, server = self.transport, self._server
+        self._reading = False
+        if transport.is_closing():
+            return
+        if server.lingering >= server.max_connections:
+            transport.close()
+            return
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()
+        except (OSError, RuntimeError):
+            transport.close()
+            return
+        if self._paused_reading:
+            self._paused_reading = False
+            transport.resume_reading()
+        self._lingering = True
+        server.lingering += 1
+        self._linger = self._loop.call_later(server.linger_seconds, transport.close)
+
+    # --- the connection's timer ------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        # One timer per connection that re-arms itself, rather than one per request.
+        self._timer = self._loop.call_later(self._server.tick_seconds, self._tick)
+
+    def _tick(self) -> None:
+        """Looks at the connection every few seconds: a client that stopped reading what is
+        written to it, a head or a body that does not come, a connection idle too long."""
+        self._timer = None
+        if self._lost:
+            return
+        server, transport = self._server, self.transport
+        now = self._loop.time()
+        pending = transport.get_write_buffer_size()
+        # No progress: bytes wait now as at the last look, no fewer, and the client read
+        # nothing in between (the transport would have said so: resume_writing).
+        if (pending and self._seen_pending and pending >= self._seen_pending
+                and self._resumes == self._seen_resumes):
+            if now - self._seen_pending_at >= server.write_stall_timeout_seconds:
+                # As if it had hung up: its handler is cancelled (a 499), the engine's
+                # connection dropped with it.
+                log.info("a client left %d bytes unread for %g s: its connection is dropped",
+                         pending, server.write_stall_timeout_seconds)
+                transport.abort()
+                return
+        else:
+            self._seen_pending_at = now
+        self._seen_pending, self._seen_resumes = pending, self._resumes
+        if self._reading and not self._paused_reading and not transport.is_closing():
+            if self._in_head and self._begun:
+                if self._head_started and now - self._head_started >= server.head_timeout_seconds:
+                    self._refuse(408, "The request head was not complete within "
+                                      f"{server.head_timeout_seconds:g} s.", "request_timeout")
+            elif self._request is not None:
+                if self._body_bytes != self._seen_body:
+                    self._seen_body, self._seen_body_at = self._body_bytes, now
+                elif now - self._seen_body_at >= server.body_timeout_seconds:
+                    self._refuse(408, "The request body sent nothing for "
+                                      f"{server.body_timeout_seconds:g} s.", "request_timeout")
+            elif (self._task is None and not self._queue
+                  and now - self._active_at >= server.keepalive_seconds):
+                transport.close()
+        self._arm_timer()
+
+    def is_idle(self) -> bool:
+        """No request being read, waiting or answered."""
+        return (self._task is None and not self._queue and self._request is None
+                and not self._begun and not self._raw_left)
 
     def close_if_idle(self) -> None:
-        if self._task is None and not self._queue:
+        if self.is_idle() and not self._lingering:
             self.transport.close()
 
 
 class HttpServer:
     """Listens, and on stop lets running handlers finish for up to `shutdown_timeout`."""
 
-    def __init__(self, router: Router, max_body_bytes: int) -> None:
+    def __init__(self, router: Router, max_body_bytes: int, *,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+                 write_stall_timeout_seconds: float = WRITE_STALL_TIMEOUT_SECONDS,
+                 drain_seconds: float = DRAIN_SECONDS,
+                 head_timeout_seconds: float = HEAD_TIMEOUT_SECONDS,
+                 body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
+                 keepalive_seconds: float = KEEPALIVE_SECONDS,
+                 linger_seconds: float = LINGER_SECONDS) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
-        self.connections: set[HttpConnection] = set()
+        self.max_connections = max_connections
+        self.max_buffered_bytes = max_buffered_bytes
+        self.write_stall_timeout_seconds = write_stall_timeout_seconds
+        self.drain_seconds = drain_seconds
+        self.head_timeout_seconds = head_timeout_seconds
+        self.body_timeout_seconds = body_timeout_seconds
+        self.keepalive_seconds = keepalive_seconds
+        self.linger_seconds = linger_seconds
+        # How often each connection's timer looks: each limit is then enforced within half
+        # of itself past it.
+        self.tick_seconds = max(0.01, min(head_timeout_seconds, body_timeout_seconds,
+                                          write_stall_timeout_seconds, keepalive_seconds) / 2)
+        self.connections: set[HttpConnection] = set()  # open ones, within max_connections
+        self.buffered_bytes = 0  # held for requests being read or answered, all connections
+        self.lingering = 0
         self.in_flight = 0
         self.stopping = False
         self._server: asyncio.Server | None = None
@@ -395,15 +842,21 @@ class HttpServer:
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 
-    async def stop(self, shutdown_timeout: float) -> None:
+    async def stop(self, shutdown_timeout: float | None = None) -> None:
+        """Stop listening, close idle connections, refuse what arrives on the others (503
+        shutting_down), and let running handlers finish, and requests being read be
+        answered, for up to `shutdown_timeout` (drain_seconds when None); then close every
+        connection."""
+        timeout = self.drain_seconds if shutdown_timeout is None else shutdown_timeout
         self.stopping = True
         if self._server is not None:
             self._server.close()
         for connection in list(self.connections):
             connection.close_if_idle()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + shutdown_timeout
-        while self.in_flight and loop.time() < deadline:
+        deadline = loop.time() + timeout
+        while (self.in_flight or not all(c.is_idle() for c in self.connections)) \
+                and loop.time() < deadline:
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
             with contextlib.suppress(Exception):
