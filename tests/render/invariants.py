@@ -121,6 +121,31 @@ def engine_pod_problems(where: str, pod: dict[str, Any]) -> list[str]:
                        f"on its port number {sorted(gateway_ports)}, got {get}")
     if "readinessProbe" in engine:
         out.append(f"{where}: the gateway's /readyz is the pod's readiness, not the engine's")
+    out += stop_order_problems(where, pod, gateway, engine)
+    return out
+
+
+def _pre_stop_sleep(container: dict[str, Any]) -> int | None:
+    seconds = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds")
+    return seconds if isinstance(seconds, int) else None
+
+
+def stop_order_problems(where: str, pod: dict[str, Any], gateway: dict[str, Any],
+                        engine: dict[str, Any]) -> list[str]:
+    """A stopping pod serves on while the endpoints drop it, drains, and only then loses its
+    engine; SIGKILL comes after all of it."""
+    out: list[str] = []
+    gateway_wait, engine_wait = _pre_stop_sleep(gateway), _pre_stop_sleep(engine)
+    if not gateway_wait:
+        out.append(f"{where}: the gateway has no preStop sleep (it would stop accepting while "
+                   "the endpoints still send it traffic)")
+    if engine_wait is None or (gateway_wait and engine_wait <= gateway_wait):
+        out.append(f"{where}: the engine's preStop sleep ({engine_wait}) must outlast the "
+                   f"gateway's ({gateway_wait}) and its drain")
+    grace = pod.get("terminationGracePeriodSeconds")
+    if not isinstance(grace, int) or engine_wait is None or grace <= engine_wait:
+        out.append(f"{where}: terminationGracePeriodSeconds {grace} must exceed the engine's "
+                   f"preStop sleep {engine_wait}")
     return out
 
 
