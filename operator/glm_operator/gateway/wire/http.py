@@ -214,6 +214,7 @@ class HttpConnection(asyncio.Protocol):
         self._trailer_line = 0  # bytes of the trailer line in progress (at most)
         self._trailer_bytes = 0
         self._raw_left = 0  # an Upgrade request's body, read past the parser
+        self._upgrade = False  # the request asked for an Upgrade (ignored)
         self._held = 0  # bytes of the request being parsed counted in server.buffered_bytes
         # what the timer saw at its last look
         self._seen_body = -1
@@ -433,48 +434,54 @@ class HttpConnection(asyncio.Protocol):
         request = Request(method=method, path=path,
                           version=(1, 1) if version == "1.1" else (1, 0), headers=headers,
                           connection=self)
-        # The head is held as what is kept of it now, no longer as the bytes that came.
-        kept = self._head_bytes + len(url)
-        server.buffered_bytes += kept - self._held
-        self._held = kept
-        refusal = self._head_fault(request, method, headers)
+        refusal = (self._head_fault(request, method, headers)
+                   if self._fault is not None or "transfer-encoding" in headers
+                   or method == "CONNECT" or ("host" not in headers and version == "1.1")
+                   else None)
         handler, head_check = server.router.route(method, path)
         request.handler = handler
         if refusal is None and head_check is not None:
             refusal = head_check(request)
-        if refusal is None and server.stopping:
-            refusal = _busy(*SHUTTING_DOWN)
-        if refusal is not None:
-            self._refuse_request(request, refusal)
+        if refusal is not None or server.stopping:
+            self._refuse_request(request, refusal or _busy(*SHUTTING_DOWN))
             raise _Stop
-        chunked = "transfer-encoding" in headers
-        try:
-            length = 0 if chunked else int(headers.get("content-length") or 0)
-        except ValueError:  # llhttp checks it; a bad one is bad framing all the same
-            self._refuse_request(request, error_response(
-                400, "Malformed HTTP request: bad Content-Length.", "bad_request"))
-            raise _Stop from None
-        if length > server.max_body_bytes:
-            # Refused before the body comes: not buffered, and (no 100 Continue) a client
-            # that waits for it never sends it. The connection closes after the answer.
-            request.too_large = True
-            self._stop_reading(request)
-            raise _Stop
-        if length and server.buffered_bytes + length > server.max_buffered_bytes:
-            self._refuse_request(request, _busy(
-                f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
-                "--max-buffered-bytes); retry shortly.", "server_busy"))
-            raise _Stop
-        self._held += length  # what the body will take, counted before it comes
-        server.buffered_bytes += length
-        self._body_left = -1 if chunked else length
-        self._chunk_mark = -1
+        length = 0
+        declared = headers.get("content-length")  # never with Transfer-Encoding (llhttp)
+        if declared is not None:
+            try:
+                length = int(declared)
+            except ValueError:  # llhttp checks it; a bad one is bad framing all the same
+                self._refuse_request(request, error_response(
+                    400, "Malformed HTTP request: bad Content-Length.", "bad_request"))
+                raise _Stop from None
+            if length > server.max_body_bytes:
+                # Refused before the body comes: not buffered, and (no 100 Continue) a
+                # client that waits for it never sends it. The connection closes after it.
+                request.too_large = True
+                self._stop_reading(request)
+                raise _Stop
+            if length and server.buffered_bytes + length > server.max_buffered_bytes:
+                self._refuse_request(request, _busy(
+                    f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
+                    "--max-buffered-bytes); retry shortly.", "server_busy"))
+                raise _Stop
+        # Held from now: the head as what is kept of it, and the body as announced, before
+        # it comes (a chunked one is counted as it comes).
+        held = self._head_bytes + len(url) + length
+        server.buffered_bytes += held - self._held
+        self._held = held
+        if "transfer-encoding" in headers:
+            self._body_left = -1
+            self._chunk_mark = -1
+        else:
+            self._body_left = length
         self._seen_body = -1
-        if parser.should_upgrade():
+        self._upgrade = "upgrade" in headers and parser.should_upgrade()
+        if self._upgrade:
             # RFC 9110 7.8: a server may ignore Upgrade. llhttp takes the rest of the
             # connection for the other protocol, so a body is read past it (Content-Length
             # only), and the connection closes after the answer.
-            if chunked:
+            if self._body_left < 0:
                 self._refuse_request(request, error_response(
                     400, "A chunked body with Upgrade is not served: send the request "
                     "without Upgrade.", "bad_request"))
@@ -482,7 +489,8 @@ class HttpConnection(asyncio.Protocol):
             self._raw_left = length
             self._body_left = 0
         self._request = request
-        if request.http11 and headers.get("expect", "").lower() == "100-continue":
+        if "expect" in headers and request.http11 \
+                and headers["expect"].lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _head_fault(self, request: Request, method: str, headers: dict[str, str]
@@ -556,7 +564,7 @@ class HttpConnection(asyncio.Protocol):
         # Read now: with pipelining the parser moves on to the next request before this one
         # is answered.
         parser = self._parser
-        request.keep_alive = parser.should_keep_alive() and not parser.should_upgrade()
+        request.keep_alive = not self._upgrade and parser.should_keep_alive()
         self._dispatch(request)
 
     # --- past the parser -------------------------------------------------------------------
@@ -637,7 +645,8 @@ class HttpConnection(asyncio.Protocol):
                     keep_alive = await self._answer(request)
                 finally:
                     self._current = None
-                    self._release(request)
+                    self._server.buffered_bytes -= request.held  # given back
+                    request.held = 0
                 if not keep_alive:
                     self._close_after_answer()
                     return
