@@ -21,6 +21,7 @@ from glm_operator.gateway.wire.engine import EngineAddress, EngineDropped
 from glm_operator.gateway.wire.engine_pool import EnginePool, KeptAliveConnection
 from glm_operator.gateway.wire.framing import MAX_HEAD_BYTES
 from glm_operator.gateway.wire.http import (
+    MAX_PIPELINED,
     HttpConnection,
     HttpServer,
     Request,
@@ -251,6 +252,31 @@ async def test_a_trailer_line_that_never_ends_is_431(make_server: Make) -> None:
     status, headers, body = await asyncio.wait_for(read_response(reader), 10)
     assert (status, headers["connection"]) == (431, "close")
     assert "trailer" in error_of(body)["message"]
+    writer.close()
+    await until(lambda: server.buffered_bytes == 0)
+
+
+async def test_a_flood_of_pipelined_requests_is_parsed_only_so_far_ahead(make_server: Make
+                                                                         ) -> None:
+    """300 requests in one write: all answered in order, but never more than MAX_PIPELINED
+    of them parsed and waiting at once (the rest wait as the bytes they came as)."""
+    _, server, port = await make_server()
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max([peak, *(len(c._queue) for c in server.connections)])
+            await asyncio.sleep(0)
+
+    sampler = asyncio.create_task(sample())
+    reader, writer = await connect(port)
+    writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % n for n in range(300)))
+    for n in range(300):
+        status, headers, _ = await asyncio.wait_for(read_response(reader), 5)
+        assert (status, headers["x-path"]) == (200, f"/{n}")
+    sampler.cancel()
+    assert 1 <= peak <= MAX_PIPELINED
     writer.close()
     await until(lambda: server.buffered_bytes == 0)
 

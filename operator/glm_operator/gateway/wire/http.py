@@ -63,7 +63,9 @@ BODY_TIMEOUT_SECONDS = 30.0  # a request body that sends nothing this long is gi
 # After a refusal that left the client's request unread: what it still sends is read and
 # dropped this long, so that closing does not reset the connection under the answer.
 LINGER_SECONDS = 2.0
-MAX_PIPELINED = 8  # requests parsed ahead of the one being answered; then reading pauses
+# Requests parsed ahead of the one being answered; then parsing and reading pause (what was
+# read already waits as bytes), so a flood of pipelined requests holds no more than this.
+MAX_PIPELINED = 8
 MAX_CONNECTIONS = 1024
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 WRITE_STALL_TIMEOUT_SECONDS = 30.0
@@ -191,6 +193,8 @@ class HttpConnection(asyncio.Protocol):
         self._reading = True  # False once a refusal or an Upgrade ended parsing
         self._lingering = False
         self._paused_reading = False
+        # Bytes read past MAX_PIPELINED parsed requests, parsed once the queue has room.
+        self._backlog = b""
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -311,6 +315,11 @@ class HttpConnection(asyncio.Protocol):
                 self._trailer_line = (end - newline - 1 if newline >= 0
                                       else self._trailer_line + take)
             pos = end
+            if len(self._queue) >= MAX_PIPELINED and pos < size and self._reading:
+                # Parsed far enough ahead (reading is paused): the rest waits as bytes.
+                self._backlog = data[pos:]
+                server.buffered_bytes += size - pos
+                return
         if self._in_head and self._begun and self._reading:
             # A head is unfinished: its bytes count among those the server holds, and its
             # time runs from now.
@@ -353,6 +362,8 @@ class HttpConnection(asyncio.Protocol):
         self._queue.clear()
         self._request = None
         self._body = []
+        server.buffered_bytes -= len(self._backlog)
+        self._backlog = b""
         self._parser = None
 
     def pause_writing(self) -> None:
@@ -605,6 +616,16 @@ class HttpConnection(asyncio.Protocol):
         if self._task is None:
             self._task = self._loop.create_task(self._answer_queue())
 
+    def _resume(self) -> None:
+        """Room in the queue again: what was read ahead is parsed first, then the socket."""
+        self._paused_reading = False
+        backlog, self._backlog = self._backlog, b""
+        if backlog:
+            self._server.buffered_bytes -= len(backlog)
+            self.data_received(backlog)
+        if not self._paused_reading and not self._lost:
+            self.transport.resume_reading()
+
     def _stop_reading(self, request: Request) -> None:
         """Answer `request` after those before it, and read nothing more: the connection
         closes after the answer (lingering: the client may still be sending)."""
@@ -638,8 +659,7 @@ class HttpConnection(asyncio.Protocol):
                 request = self._queue.popleft()
                 if (self._paused_reading and self._reading
                         and len(self._queue) < MAX_PIPELINED // 2):
-                    self._paused_reading = False
-                    self.transport.resume_reading()
+                    self._resume()
                 self._current = request
                 try:
                     keep_alive = await self._answer(request)
@@ -803,7 +823,7 @@ class HttpConnection(asyncio.Protocol):
     def is_idle(self) -> bool:
         """No request being read, waiting or answered."""
         return (self._task is None and not self._queue and self._request is None
-                and not self._begun and not self._raw_left)
+                and not self._begun and not self._raw_left and not self._backlog)
 
     def close_if_idle(self) -> None:
         if self.is_idle() and not self._lingering:
