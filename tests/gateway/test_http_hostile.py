@@ -717,6 +717,8 @@ async def test_upgrade_h2c_is_ignored_the_request_answered_then_closed(make_serv
     (b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", 501,
      "not_implemented"),
     (b"GET /x HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    (b"GET /x HTTP/3.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    (b"GET /x HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
     (b"POST /x HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n", 400,
      "bad_request"),
     # Smuggling: llhttp's strictness holds.
@@ -731,7 +733,8 @@ async def test_upgrade_h2c_is_ignored_the_request_answered_then_closed(make_serv
     (b"GET /x HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n", 400, "bad_request"),
     (b"GET /x HTTP/1.1\nHost: x\n\n", 400, "bad_request"),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400, "bad_request"),
-], ids=["connect", "no-host", "two-hosts", "gzip-chunked", "gzip", "http2", "http10-chunked",
+], ids=["connect", "no-host", "two-hosts", "gzip-chunked", "gzip", "http2", "http3", "http09",
+        "http10-chunked",
         "cl-te", "te-cl", "two-cl", "two-te", "obs-fold", "bare-lf", "negative-cl"])
 async def test_protocol_edges_are_answered_and_closed(
         make_server: Make, request_bytes: bytes, status: int, code: str) -> None:

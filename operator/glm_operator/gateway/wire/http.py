@@ -12,7 +12,8 @@ written by the handler straight to the transport (relay.py).
 
 What a front door must still do, it does, against clients that mean harm too
 (tests/gateway/test_http_hostile.py sends each case's bytes):
-- keep-alive and pipelined requests (answered in order, one handler at a time per connection);
+- keep-alive and pipelined requests (answered in order, one handler at a time per connection,
+  at most 8 parsed ahead however many come in one packet);
 - `Expect: 100-continue`; bodies by Content-Length or chunked; HTTP/1.0 clients;
 - a route's head check (`Router.add(..., head_check=)`) answers from the head alone, before a
   body byte is read and before `100 Continue`: the 401 of /v1/*;
@@ -298,7 +299,12 @@ class HttpConnection(asyncio.Protocol):
                 self._upgraded(data, pos + int(upgrade.args[0]))
                 return
             except httptools.HttpParserError as exc:
-                if self._reading:  # not one of our own refusals
+                if not self._reading:
+                    return  # one of our own refusals, answered already
+                if str(exc) == "Invalid HTTP version":  # well formed, not one llhttp knows
+                    self._refuse(505, "This HTTP version is not served here: send HTTP/1.1.",
+                                 "http_version_not_supported")
+                else:
                     self._refuse(400, f"Malformed HTTP request: {exc}.", "bad_request")
                 return
             end = pos + take
