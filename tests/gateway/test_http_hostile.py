@@ -305,6 +305,25 @@ async def test_a_head_check_refuses_before_100_continue(make_server: Make) -> No
     writer.close()
 
 
+async def test_no_100_continue_is_written_into_the_answer_before_it(make_server: Make
+                                                                    ) -> None:
+    """Pipelined behind a request being answered, a 100 Continue would land in the middle of
+    that answer: none is sent, and the client sends its body after its own wait."""
+    scene, _, port = await make_server()
+    reader, writer = await connect(port)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /next HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                 b"Content-Length: 4\r\n\r\n")
+    await asyncio.wait_for(scene.started.wait(), 5)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.read(1), 0.3)
+    writer.write(b"body")
+    scene.release.set()
+    answers = [await asyncio.wait_for(read_response(reader), 5) for _ in range(2)]
+    assert [(s, b) for s, _, b in answers] == [(200, b"slow"), (200, b"body")]
+    writer.close()
+
+
 async def test_a_refused_4_mb_body_is_never_buffered(make_server: Make) -> None:
     """A 4 MB body behind a head the check refuses: the refusal comes, the body is read only
     to be dropped (the answer is not lost to a reset), and nothing of it is held."""

@@ -506,8 +506,11 @@ class HttpConnection(asyncio.Protocol):
             self._raw_left = length
             self._body_left = 0
         self._request = request
-        if "expect" in headers and request.http11 \
+        if "expect" in headers and request.http11 and self._task is None \
                 and headers["expect"].lower() == "100-continue":
+            # Not while an answer before it is being written (a 100 in the middle of a
+            # stream would break its framing): the client then sends its body after its
+            # own wait for the 100 (a second with curl).
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def _head_fault(self, request: Request, method: str, headers: dict[str, str]
