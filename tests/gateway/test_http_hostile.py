@@ -883,11 +883,17 @@ async def test_the_pool_sends_a_request_once_when_the_engine_dies_after_reading_
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_the_gateway_answers_502_and_sends_nothing_again(stream: bool) -> None:
+@pytest.mark.parametrize("client", ["own", "aiohttp"])
+async def test_the_gateway_answers_502_and_sends_nothing_again(stream: bool, client: str
+                                                              ) -> None:
+    """Our engine pool and relay, and aiohttp's client (an engine URL with a path, as the
+    long-context pool's is reached): an engine that died once it had the request."""
     loop = asyncio.get_running_loop()
     ReadThenClose.requests = 0
     engine = await loop.create_server(ReadThenClose, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{engine.sockets[0].getsockname()[1]}"
+    if client == "aiohttp":
+        url += "/engine"
     client = await gateway_client(base_config(url, warmup=False, engine_slots=1,
                                               context_length=100))
     try:

@@ -283,8 +283,8 @@ async def test_whole_answers_reuse_one_engine_connection_and_survive_its_closing
             response = await client.post("/v1/chat/completions", json=CHAT)
             assert response.status == 200 and (await response.json())["usage"]
         assert KeepAliveEngine.connections == 1  # kept alive, not one per request
-        # The engine closes each connection after its answer: the pooled one is found closed
-        # (or closes under the next request, which is then sent again on a new connection).
+        # The engine closes each connection after its answer, without saying so: the pooled
+        # one is found closed before anything is written to it, and a new one is opened.
         KeepAliveEngine.close_after_answer = True
         for _ in range(3):
             response = await client.post("/v1/chat/completions", json=CHAT)

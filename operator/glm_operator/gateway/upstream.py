@@ -15,6 +15,7 @@ which the pipeline passes on, or routes to the long-context pool on a context re
 The pool and the relay send a request to the engine once: again only where it was never
 written (its connection had closed first); a connection the engine closes after the write is
 a 502 `engine_dropped` (`engine_errors`), since the engine may have run the request.
+aiohttp's client cannot tell the two apart, so through it a request is never sent twice.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.openai.sse import StreamCapture
 from glm_operator.gateway.openai.validation import ParsedRequest
 from glm_operator.gateway.wire.engine import EngineDropped, EngineHead, EngineTimeout
-from glm_operator.gateway.wire.engine_pool import STALE_RETRIES, EnginePool
+from glm_operator.gateway.wire.engine_pool import EnginePool
 from glm_operator.gateway.wire.framing import LAST_CHUNK, EngineProtocolError, head_bytes
 from glm_operator.gateway.wire.http import Request, Response, Streamed
 from glm_operator.gateway.wire.relay import ClientGone, EngineConnector, EngineExchange
@@ -91,10 +92,10 @@ def engine_errors(where: str, read_timeout: float) -> Iterator[None]:
         raise errors.engine_unavailable(f"{where}: {exc or type(exc).__name__}") from None
 
 
-def engine_dropped(where: str, exc: EngineDropped) -> GatewayError:
+def engine_dropped(where: str, exc: BaseException) -> GatewayError:
     return GatewayError(
-        502, f"{where}: {exc}. The request was not sent again, since the engine may have "
-        "run it.", "server_error", None, "engine_dropped")
+        502, f"{where}: {exc or type(exc).__name__}. The request was not sent again, since "
+        "the engine may have run it.", "server_error", None, "engine_dropped")
 
 
 def stream_head(content_type: str, rid: str, chunked: bool,
@@ -219,22 +220,20 @@ class HttpUpstream:
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]
                     ) -> aiohttp.ClientResponse:
-        for attempt in range(1, STALE_RETRIES + 2):
-            try:
-                return await self.session().post(url, data=body, headers=headers)
-            except aiohttp.SocketTimeoutError:
-                raise errors.engine_timeout(self.read_timeout) from None
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                # A pooled keep-alive connection the engine had already closed: the request
-                # never reached it, so sending it once more on a fresh connection is safe.
-                # A refused connection (ClientConnectorError) is not retried: fast 503.
-                if attempt <= STALE_RETRIES and not isinstance(exc,
-                                                                aiohttp.ClientConnectorError):
-                    continue
-                raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
-        raise AssertionError("unreachable")
+        """One POST, never sent twice: aiohttp cannot tell a pooled connection closed before
+        the write from one the engine (or the long-context pool) closed after it, having
+        perhaps run the request. Its pool lets go of connections before the engine closes
+        them (wire/engine.py), so the first is rare; both are a 502."""
+        try:
+            return await self.session().post(url, data=body, headers=headers)
+        except aiohttp.SocketTimeoutError:
+            raise errors.engine_timeout(self.read_timeout) from None
+        except aiohttp.ClientConnectorError as exc:  # refused or unreachable: a fast 503
+            raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            raise engine_dropped(url, exc) from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise errors.engine_unavailable(f"{url}: {exc or type(exc).__name__}") from None
 
     async def _stream(self, request: Request, upstream: aiohttp.ClientResponse, call: Call,
                       content_type: str) -> Streamed:
