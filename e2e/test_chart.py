@@ -5,7 +5,8 @@ The RBAC proof: a token of the chart's ServiceAccount (TokenRequest, `kubectl cr
 in a kubeconfig of its own, and the real operator process run with it instead of the admin
 kubeconfig. It takes the chart's Lease, fetches and serves the CPU example to Ready and rolls
 it to a second version: the rules are enough. The same token is refused what the operator
-does not need (Secrets, other namespaces, cluster-wide writes): the rules are not too much.
+does not need (a Secret's data, other namespaces, cluster-wide writes): the rules are not
+too much.
 
 The operator pods the chart creates sit on kwok nodes, which run no containers; the operator
 under test is the process started here, with the chart's identity.
@@ -347,8 +348,11 @@ def test_the_operator_runs_on_the_charts_service_account_and_nothing_more(
         # Not more: what the operator never needs is refused to the same token.
         assert can_i(identity, "patch", "deployments", "-n", watched)
         assert can_i(identity, "get", f"leases/{fullname}", "-n", ns)
+        # Secrets: names only (list/watch, asked as metadata), never get, write or delete.
+        assert can_i(identity, "watch", "secrets", "-n", watched)
         refused = [
-            ("get", "secrets", "-n", watched), ("list", "secrets", "-A"),
+            ("get", "secrets", "-n", watched), ("create", "secrets", "-n", watched),
+            ("patch", "secrets", "-n", watched), ("delete", "secrets", "-n", watched),
             ("get", "secrets", "-n", ns), ("create", "pods", "-n", watched),
             ("update", "deployments", "-n", watched), ("delete", "namespaces"),
             ("create", "clusterroles"), ("create", "clusterrolebindings"),
@@ -366,12 +370,12 @@ def test_the_operator_runs_on_the_charts_service_account_and_nothing_more(
                         ("patch", f"leases/{fullname}-other", "-n", ns),
                         ("list", "glmservices", "-n", "default"),
                         ("create", "deployments", "-n", "default"),
-                        ("list", "deployments", "-A"),
+                        ("list", "deployments", "-A"), ("list", "secrets", "-A"),
                         ("patch", "glmservices", "-n", ns)]
         allowed = [" ".join(args) for args in refused if can_i(identity, *args)]
         assert allowed == []
         with pytest.raises(KubectlError, match="forbidden"):
-            identity("get", "secrets", "-n", watched)
+            identity("get", "secret", "any-secret", "-n", watched)
     except BaseException:
         if operator is not None:
             print(f"--- operator ({mode}) ---\n{operator.tail(200)}")
