@@ -52,6 +52,8 @@ async def test_a_stream_the_engine_cuts_short_is_engine_broken_not_completed() -
         stream = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         body = await stream.read()
         assert b"[DONE]" not in body
+        # (relayed: the engine's own clean end is passed on as it came; an engine that dies
+        # mid-stream gets the error event, test_relay.py)
         text = await (await client.get("/metrics")).text()
         assert series(text, "engine_broken") == 1
         assert series(text, "completed") == 0

@@ -520,3 +520,30 @@ def test_a_socket_whose_accept_queue_is_full_leaves_that_connection_on_tcp(
             sock.close()
         listener.close()
     assert not [r for r in caplog.records if r.name == "glm_operator.gateway.wire.engine"]
+
+
+@pytest.mark.parametrize("relayed", [True, False])
+async def test_a_stream_the_engine_breaks_off_ends_with_an_error_event(
+        raw_engine: tuple[list[list[bytes]], str], relayed: bool) -> None:
+    """The engine dies between two chunks: the client's stream ends cleanly, but with an
+    OpenAI-style error event last (no `data: [DONE]`), and the request is counted as
+    engine_broken, not completed. Relayed (HTTP/1.1) and through aiohttp's client (1.0)."""
+    script, url = raw_engine
+    client = await relay_gateway(url)
+    try:
+        head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+        script.append([head + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0])])  # then closes
+        version = aiohttp.HttpVersion11 if relayed else aiohttp.HttpVersion10
+        async with aiohttp.ClientSession(version=version) as session, \
+                session.post(client.url + "/v1/chat/completions",
+                             json={**CHAT, "stream": True}) as response, \
+                asyncio.timeout(10):
+            body = await response.read()
+        assert body.startswith(EVENTS[0]) and b"[DONE]" not in body
+        last = json.loads(body[len(EVENTS[0]):].removeprefix(b"data: "))
+        assert last["error"]["code"] == "engine_stream_broken"
+        assert "incomplete" in last["error"]["message"]
+        text = await (await client.get("/metrics")).text()
+        assert 'outcome="engine_broken"' in text and 'outcome="completed"' not in text
+    finally:
+        await client.close()

@@ -32,8 +32,9 @@ import aiohttp
 from glm_operator.gateway.call import Call
 from glm_operator.gateway.openai import errors
 from glm_operator.gateway.openai.errors import GatewayError
-from glm_operator.gateway.openai.sse import StreamCapture
+from glm_operator.gateway.openai.sse import StreamCapture, error_event
 from glm_operator.gateway.openai.validation import ParsedRequest
+from glm_operator.gateway.policy.outcomes import STREAM_BROKEN, STREAM_TIMED_OUT
 from glm_operator.gateway.wire.engine import EngineDropped, EngineHead, EngineTimeout
 from glm_operator.gateway.wire.engine_pool import EnginePool
 from glm_operator.gateway.wire.framing import LAST_CHUNK, EngineProtocolError, head_bytes
@@ -161,7 +162,7 @@ class RelayedEngine:
         # framing is the engine's own, written by the relay.
         transport = request.transport
         transport.write(stream_head(content_type, call.record.request_id, chunked=True))
-        capture = self.books.capture()
+        capture = call.capture = self.books.capture()
         try:
             exchange.relay(transport, capture.note, request.drain)
             await exchange.done
@@ -172,9 +173,9 @@ class RelayedEngine:
             # Headers are gone already: end the stream if its framing allows, else drop the
             # client's connection, and say so in the log.
             log.warning("request %s: engine stream broke: %s", call.record.request_id, exc)
-            call.record.error_code = "engine_stream_broken"
+            event = _broke_off(call, isinstance(exc, EngineTimeout), self.read_timeout)
             call.stream_ended(capture, complete=False)
-            if not exchange.end_stream_cleanly():
+            if not exchange.end_stream_cleanly(event):
                 transport.close()
             return Streamed(complete=False)
         except asyncio.CancelledError:
@@ -243,7 +244,7 @@ class HttpUpstream:
         transport = request.transport
         transport.write(stream_head(content_type, call.record.request_id, chunked=chunked,
                                     version=request.version))
-        capture = self.books.capture()
+        capture = call.capture = self.books.capture()
         try:
             async for chunk in upstream.content.iter_any():
                 if transport.is_closing():
@@ -262,17 +263,44 @@ class HttpUpstream:
         except (aiohttp.ClientError, TimeoutError) as exc:
             # Headers are gone already; all we can do is end the stream and say so in the log.
             log.warning("request %s: engine stream broke: %s", call.record.request_id, exc)
-            call.record.error_code = "engine_stream_broken"
+            event = _broke_off(call, isinstance(exc, TimeoutError), self.read_timeout)
             upstream.close()
             call.stream_ended(capture, complete=False)
-            if chunked and not transport.is_closing():
-                transport.write(LAST_CHUNK)  # chunks are whole here: the framing holds
+            _end_stream(transport, chunked, event)  # chunks are whole here: framing holds
             return Streamed(complete=False)
         # llama-server closes its side of a keep-alive connection after a streamed answer;
         # back in the pool, the socket would fail the next request that picks it up.
         upstream.close()
         call.stream_ended(capture, complete=True)
-        # A client gone after the last event had the whole answer.
-        if chunked and not transport.is_closing():
-            transport.write(LAST_CHUNK)
+        # Ended without its last event: the engine broke off (call.py says so in the books);
+        # the client is told so too. A client gone after the last event had the whole answer.
+        event = b"" if capture.delivered else error_event(
+            "The model engine ended the stream before its end; the answer is incomplete.",
+            STREAM_BROKEN)
+        _end_stream(transport, chunked, event)
         return Streamed(complete=chunked)
+
+
+def _broke_off(call: Call, timed_out: bool, read_timeout: float) -> bytes:
+    """A stream the engine broke off (or stopped feeding): its books and the error event
+    that tells the client."""
+    if timed_out:
+        call.record.error_code = STREAM_TIMED_OUT
+        return error_event(f"The model engine sent nothing for {read_timeout:g} s; the "
+                           "answer is incomplete.", STREAM_TIMED_OUT)
+    call.record.error_code = STREAM_BROKEN
+    return error_event("The model engine broke off the stream; the answer is incomplete.",
+                       STREAM_BROKEN)
+
+
+def _end_stream(transport: asyncio.Transport, chunked: bool, last_event: bytes) -> None:
+    """The end of a stream framed here: `last_event` (an error event) then the last chunk
+    (HTTP/1.1), or the event then the close (HTTP/1.0)."""
+    if transport.is_closing():
+        return
+    if not chunked:
+        if last_event:
+            transport.write(last_event)
+        return
+    transport.write((b"%x\r\n%b\r\n" % (len(last_event), last_event) if last_event else b"")
+                    + LAST_CHUNK)

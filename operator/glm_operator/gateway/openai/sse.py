@@ -53,6 +53,14 @@ class StreamCapture:
         return stream_text(b"".join(self.everything))
 
 
+def error_event(message: str, code: str) -> bytes:
+    """The event that ends a stream the engine broke off, as OpenAI's API ends a stream that
+    failed: without it the client sees a stream that simply ends, and cannot tell a cut-off
+    answer from a whole one (there is no `data: [DONE]` after it)."""
+    return EVENT + json.dumps({"error": {"message": message, "type": "server_error",
+                                         "param": None, "code": code}}).encode() + b"\n\n"
+
+
 def stream_text(data: bytes) -> str:
     """Join the deltas of an SSE stream (only for the audit log with text enabled)."""
     parts: list[str] = []

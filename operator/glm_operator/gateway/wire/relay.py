@@ -303,14 +303,16 @@ class EngineExchange(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
 
-    def end_stream_cleanly(self) -> bool:
-        """After the engine broke off: end the client's chunked body if the framing allows
-        (True), else leave it to the caller to drop the client's connection (False)."""
+    def end_stream_cleanly(self, last_event: bytes = b"") -> bool:
+        """After the engine broke off: end the client's chunked body if the framing allows,
+        `last_event` (an error event) its last chunk (True), else leave it to the caller to
+        drop the client's connection (False)."""
         client = self._relay_to
         if client is None or client.is_closing():
             return False
         if self._reframe or (self._chunked is not None and self._chunked.at_boundary):
-            client.write(LAST_CHUNK)
+            client.write((b"%x\r\n%b\r\n" % (len(last_event), last_event) if last_event
+                          else b"") + LAST_CHUNK)
             return True
         return False
 
