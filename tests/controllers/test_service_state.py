@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from glm_operator.api import AnalysisResult, GLMService
+from glm_operator.api import AnalysisResult, GLMService, RolloutStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.long_context import ActivityReading
 from glm_operator.decide.observed import ObservedChildren
 from glm_operator.decide.service import (
     ServiceDecision,
+    canary_weight,
     decide_service,
     long_context_reading_due,
 )
@@ -170,6 +171,18 @@ def test_surge_keeps_the_old_version_until_the_new_one_is_ready() -> None:
     assert {d["metadata"]["labels"]["glm-operator.dev/version"]
             for d in deployments(done.desired)} == {"v2"}
     assert done.status.rollout is not None and done.status.rollout.phase == "Succeeded"
+    assert [e[1] for e in done.events].count("Promoted") == 1  # announced once
+    assert done.status.canary_weight is None  # a surge has no canary
+
+
+def test_the_canary_weight_is_shown_only_while_a_canary_runs() -> None:
+    running = RolloutStatus(strategy="canary", model_version="v2", phase="Progressing",
+                            weight=25)
+    assert canary_weight(running) == 25
+    for phase in ("Succeeded", "RolledBack", "Aborted", "Failed"):
+        assert canary_weight(running.model_copy(update={"phase": phase, "weight": 100})) is None
+    assert canary_weight(running.model_copy(update={"strategy": "surge"})) is None
+    assert canary_weight(None) is None
 
 
 def test_unchanged_inputs_give_an_identical_status() -> None:

@@ -184,7 +184,7 @@ GLMSERVICE_KIND = Kind(
         PrinterColumn("Model version", ".spec.modelVersion", description="Wanted version"),
         PrinterColumn("Stable", ".status.stableModelVersion", priority=1),
         PrinterColumn("Ready replicas", ".status.readyReplicas", type="integer"),
-        PrinterColumn("Canary weight", ".status.rollout.weight", type="integer"),
+        PrinterColumn("Canary weight", ".status.canaryWeight", type="integer"),
         PrinterColumn("Context", ".spec.contextLength", type="integer", priority=1),
         PrinterColumn("Endpoint", ".status.endpoint", priority=1),
         AGE_COLUMN,

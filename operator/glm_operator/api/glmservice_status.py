@@ -286,6 +286,9 @@ class GLMServiceStatus(StatusModel):
     )
     plan: PlanSummary | None = None
     rollout: RolloutStatus | None = None
+    canary_weight: int | None = Field(
+        default=None, ge=0, le=100, description="Percent of traffic to the canary while a "
+        "canary runs; unset otherwise (kubectl's Canary weight column).")
     rollout_history: list[RolloutRecord] | None = Field(
         default=None, max_length=HISTORY_LIMIT, description="The last finished rollouts, "
         "newest first."

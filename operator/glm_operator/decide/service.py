@@ -30,7 +30,7 @@ from glm_operator.api import (
     RolloutStatus,
     get_condition,
 )
-from glm_operator.api.glmservice_status import HISTORY_LIMIT
+from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
 from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
@@ -194,6 +194,7 @@ def decide_service(
               if shown is not None and shown.plan is not None
               and shown.model_version is not None else previous.plan),
         rollout=rollout.status,
+        canary_weight=canary_weight(rollout.status),
         rollout_history=rollout.history[:HISTORY_LIMIT] or None,
         long_context=long_context,
     )
@@ -203,6 +204,14 @@ def decide_service(
                            retained=frozenset(rendered.retained),
                            requeue_after=min(requeues) if requeues else None,
                            scale_to_zero=scale_to_zero)
+
+
+def canary_weight(rollout: RolloutStatus | None) -> int | None:
+    """The canary's share of traffic while a canary runs; unset otherwise (a finished
+    rollout's weight, 100 or 0, is history, not a canary's share)."""
+    if rollout is None or rollout.strategy != "canary" or rollout.phase in FINISHED_PHASES:
+        return None
+    return rollout.weight
 
 
 def _warnings_raised(before: Sequence[Condition], after: Sequence[Condition]) -> list[Event]:
@@ -335,9 +344,8 @@ def _promotion(decision: rollouts.RolloutDecision | None, stable_after: str | No
             rolled_out(w, max(wanted_replicas, 1))
             for w in observed.workloads(MAIN_POOL, wanted.name)):
         return wanted.name, [("Normal", "Promoted", f"ModelVersion {wanted.name!r} is serving")]
-    if decision is not None and decision.promote:
-        return stable_after, [("Normal", "Promoted", f"ModelVersion {wanted.name!r} is serving; "
-                                                     f"{stable!r} is being removed")]
+    # A rollout's promotion is announced by the rollout's own decision (decide/rollout.py):
+    # one Promoted event, not two.
     return stable_after, []
 
 
