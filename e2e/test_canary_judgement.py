@@ -80,7 +80,11 @@ def version_served(prometheus: PrometheusServer, namespace: str, version: str, m
     finally:
         prometheus.remove_target(target)
         engine.terminate()
-        engine.wait(10)
+        try:
+            engine.wait(10)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait(5)
         log.close()
 
 
