@@ -247,6 +247,9 @@ def test_canary_with_istio_moves_weights_step_by_step_and_rolls_back() -> None:
     assert cond(step1, "CanaryProgressing").status == "True"
     assert cond(step1, "TrafficSplit").reason == "Istio"
     assert step1.requeue_after == 30
+    # kubectl's columns: the stable version's pods, the canary's beside them
+    assert (step1.status.replicas, step1.status.ready_replicas) == (4, 4)
+    assert (step1.status.canary_weight, step1.status.canary_ready_replicas) == (25, 1)
 
     svc["status"] = dump(step1)
     bad = AnalysisResult(time=t0, verdict="Failed", message="error rate 40% > 1%",
@@ -259,6 +262,7 @@ def test_canary_with_istio_moves_weights_step_by_step_and_rolls_back() -> None:
     assert (canary_cond.status, canary_cond.reason) == ("False", "RolledBack")
     assert "error rate 40% > 1%" in canary_cond.message
     assert rolled.status.stable_model_version == "v1"
+    assert rolled.status.canary_weight is None and rolled.status.canary_ready_replicas is None
     assert rolled.status.rollout_history and rolled.status.rollout_history[0].result == "RolledBack"
     assert ("Warning", "RolledBack") in [e[:2] for e in rolled.events]
 

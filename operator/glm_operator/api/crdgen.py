@@ -185,6 +185,8 @@ GLMSERVICE_KIND = Kind(
         PrinterColumn("Stable", ".status.stableModelVersion", priority=1),
         PrinterColumn("Ready replicas", ".status.readyReplicas", type="integer"),
         PrinterColumn("Canary weight", ".status.canaryWeight", type="integer"),
+        PrinterColumn("Canary ready", ".status.canaryReadyReplicas", type="integer",
+                      priority=1),
         PrinterColumn("Context", ".spec.contextLength", type="integer", priority=1),
         PrinterColumn("Endpoint", ".status.endpoint", priority=1),
         AGE_COLUMN,

@@ -271,8 +271,10 @@ class GLMServiceStatus(StatusModel):
     stable_model_version: str | None = Field(
         default=None, description="The ModelVersion serving now (the rollout's starting point)."
     )
-    replicas: int = Field(default=0, ge=0, description="Main pool pods (scale subresource).")
-    ready_replicas: int = Field(default=0, ge=0)
+    replicas: int = Field(default=0, ge=0, description="Main pool pods of the serving "
+                          "(stable) version (scale subresource).")
+    ready_replicas: int = Field(default=0, ge=0, description="Ready main pool pods of the "
+                                "serving (stable) version.")
     selector: str | None = Field(
         default=None, description="Label selector of the main pool pods (scale subresource)."
     )
@@ -289,6 +291,9 @@ class GLMServiceStatus(StatusModel):
     canary_weight: int | None = Field(
         default=None, ge=0, le=100, description="Percent of traffic to the canary while a "
         "canary runs; unset otherwise (kubectl's Canary weight column).")
+    canary_ready_replicas: int | None = Field(
+        default=None, ge=0, description="Ready pods of the canary's main pool while a canary "
+        "runs (readyReplicas counts the stable version's).")
     rollout_history: list[RolloutRecord] | None = Field(
         default=None, max_length=HISTORY_LIMIT, description="The last finished rollouts, "
         "newest first."

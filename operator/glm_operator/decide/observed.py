@@ -87,6 +87,12 @@ class ObservedChildren:
         return (sum(w.get("status", {}).get("replicas", 0) for w in found),
                 sum(w.get("status", {}).get("readyReplicas", 0) for w in found))
 
+    def version_replicas(self, version: str, pool: str = MAIN_POOL) -> tuple[int, int]:
+        """(replicas, ready replicas) one version's workloads of the pool report."""
+        found = self.workloads(pool, version)
+        return (sum(w.get("status", {}).get("replicas", 0) for w in found),
+                sum(w.get("status", {}).get("readyReplicas", 0) for w in found))
+
     def spec_replicas(self, version: str, pool: str = MAIN_POOL) -> int:
         """The replicas one version's pool asks for now (an autoscaler may have set them)."""
         return sum(int(w.get("spec", {}).get("replicas") or 0)

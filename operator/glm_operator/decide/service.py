@@ -179,7 +179,13 @@ def decide_service(
         stable_spec = previous.stable_spec or (spec_snapshot(versions.stable_service)
                                                if versions.stable_name else None)
     shown = versions.planned
-    replicas, ready = observed.replicas(MAIN_POOL)
+    # The serving version's pods (kubectl's Ready replicas): during a rollout the new
+    # version's are the canary's, shown beside them while a canary runs.
+    serving = stable_after or versions.wanted.name
+    replicas, ready = observed.version_replicas(serving)
+    weight = canary_weight(rollout.status)
+    canary_ready = (observed.version_replicas(versions.wanted.name)[1]
+                    if weight is not None and versions.wanted.name != serving else None)
     status = GLMServiceStatus(
         observed_generation=service.metadata.generation,
         conditions=conditions,
@@ -194,7 +200,8 @@ def decide_service(
               if shown is not None and shown.plan is not None
               and shown.model_version is not None else previous.plan),
         rollout=rollout.status,
-        canary_weight=canary_weight(rollout.status),
+        canary_weight=weight,
+        canary_ready_replicas=canary_ready,
         rollout_history=rollout.history[:HISTORY_LIMIT] or None,
         long_context=long_context,
     )
