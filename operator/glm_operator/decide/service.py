@@ -181,11 +181,11 @@ def decide_service(
     shown = versions.planned
     # The serving version's pods (kubectl's Ready replicas): during a rollout the new
     # version's are the canary's, shown beside them while a canary runs.
-    serving = stable_after or versions.wanted.name
-    replicas, ready = observed.version_replicas(serving)
+    serving_version = stable_after or versions.wanted.name
+    replicas, ready = observed.version_replicas(serving_version)
     weight = canary_weight(rollout.status)
     canary_ready = (observed.version_replicas(versions.wanted.name)[1]
-                    if weight is not None and versions.wanted.name != serving else None)
+                    if weight is not None and versions.wanted.name != serving_version else None)
     status = GLMServiceStatus(
         observed_generation=service.metadata.generation,
         conditions=conditions,
