@@ -162,7 +162,10 @@ def test_default_gates_roll_back_a_broken_canary_and_promote_a_healthy_one(
     with version_served(prometheus, ns, "v1", "good", tmp_path) as stable, \
             version_served(prometheus, ns, "v2", mode, tmp_path) as canary, \
             Traffic(kubectl, ns, {"v1": stable.url, "v2": canary.url}) as traffic:
-        svc = serve(kubectl, ns, "v1", replicas=2, rollout=POLICY)
+        # One replica per version and a short drain: the deleted pods of the tests before
+        # (kwok keeps them for their grace period) do not hold the CPU nodes' capacity.
+        svc = serve(kubectl, ns, "v1", replicas=1, rollout=POLICY,
+                    gateway={"access": "Open", "maxDrainSeconds": 1})
         fetched(kubectl, ns, "v2")
         roll_to(kubectl, ns, svc, "v2")
         wait_for(lambda: rollout(kubectl, ns).get("phase") in ("RolledBack", "Succeeded"),
