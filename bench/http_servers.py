@@ -78,8 +78,9 @@ async def _serve_ours(port: int, engine_url: str) -> None:
     from glm_operator.gateway.wire.engine import EngineAddress, EngineHead
     from glm_operator.gateway.wire.engine_pool import EnginePool
     from glm_operator.gateway.wire.framing import head_bytes
-    from glm_operator.gateway.wire.http import HttpServer, Request, Response, Router, Streamed
+    from glm_operator.gateway.wire.messages import Request, Response, Router, Streamed
     from glm_operator.gateway.wire.relay import EngineConnector
+    from glm_operator.gateway.wire.server import HttpServer
 
     address = EngineAddress.parse(engine_url)
     assert address is not None

@@ -8,14 +8,14 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from glm_operator.gateway.wire.http import (
-    HttpServer,
+from glm_operator.gateway.wire.messages import (
     Request,
     Response,
     Router,
     Streamed,
     json_response,
 )
+from glm_operator.gateway.wire.server import HttpServer
 
 LIMIT = 1000
 

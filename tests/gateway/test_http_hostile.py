@@ -20,10 +20,8 @@ import uvloop
 from glm_operator.gateway.wire.engine import EngineAddress, EngineDropped
 from glm_operator.gateway.wire.engine_pool import EnginePool, KeptAliveConnection
 from glm_operator.gateway.wire.framing import MAX_HEAD_BYTES
-from glm_operator.gateway.wire.http import (
-    MAX_PIPELINED,
-    HttpConnection,
-    HttpServer,
+from glm_operator.gateway.wire.http import MAX_PIPELINED, HttpConnection
+from glm_operator.gateway.wire.messages import (
     Request,
     Response,
     Router,
@@ -32,6 +30,7 @@ from glm_operator.gateway.wire.http import (
     json_response,
 )
 from glm_operator.gateway.wire.relay import EngineExchange
+from glm_operator.gateway.wire.server import HttpServer
 
 from .test_http import read_response
 from .test_server import CHAT, base_config, gateway_client

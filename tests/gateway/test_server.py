@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from glm_operator.gateway.app import Gateway
 from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
-from glm_operator.gateway.wire.http import HttpServer
+from glm_operator.gateway.wire.server import HttpServer
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The gateway: an OpenAI-compatible front for one engine container.
 
 This module wires the parts (docs/gateway.md, "Code map"): the routes of its own HTTP server
-(wire/http.py), the pipeline behind /v1/* (proxy.py) and its upstreams (upstream.py), and
+(wire/server.py), the pipeline behind /v1/* (proxy.py) and its upstreams (upstream.py), and
 what runs beside the requests: the engine's probes and warm-up, the key refresher, the
 KV-cache probe, the long-context pool's wake and activity. aiohttp's client serves what is
 off the hot path: health, warm-up, the KV-cache probe, the long-context pool, the Kubernetes
@@ -42,8 +42,9 @@ from glm_operator.gateway.upstream import (
 )
 from glm_operator.gateway.wire.engine import AIOHTTP_KEEPALIVE_SECONDS, EngineAddress
 from glm_operator.gateway.wire.engine_pool import EnginePool
-from glm_operator.gateway.wire.http import HttpServer, Request, Response, Router, json_response
+from glm_operator.gateway.wire.messages import Request, Response, Router, json_response
 from glm_operator.gateway.wire.relay import EngineConnector
+from glm_operator.gateway.wire.server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Gateway:
         return self._session
 
     def http_server(self) -> HttpServer:
-        """The HTTP front (wire/http.py) with the gateway's caps: a body over max_body_bytes
+        """The HTTP front (wire/server.py) with the gateway's caps: a body over max_body_bytes
         becomes a JSON 413, and a /v1/* request without a valid key is answered 401 from its
         head alone (before its body is read)."""
         config, proxy = self.config, self.proxy

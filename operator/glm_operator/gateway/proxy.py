@@ -33,7 +33,7 @@ from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker
 from glm_operator.gateway.pools.overflow import Overflow
 from glm_operator.gateway.upstream import JSON, Upstream, UpstreamAnswer
-from glm_operator.gateway.wire.http import Request, Response, Streamed
+from glm_operator.gateway.wire.messages import Request, Response, Streamed
 
 ANONYMOUS = "anonymous"
 Answer = Response | Streamed

@@ -38,7 +38,7 @@ from glm_operator.gateway.policy.outcomes import STREAM_BROKEN, STREAM_TIMED_OUT
 from glm_operator.gateway.wire.engine import EngineDropped, EngineHead, EngineTimeout
 from glm_operator.gateway.wire.engine_pool import EnginePool
 from glm_operator.gateway.wire.framing import LAST_CHUNK, EngineProtocolError, head_bytes
-from glm_operator.gateway.wire.http import Request, Response, Streamed
+from glm_operator.gateway.wire.messages import Request, Response, Streamed
 from glm_operator.gateway.wire.relay import ClientGone, EngineConnector, EngineExchange
 
 log = logging.getLogger(__name__)

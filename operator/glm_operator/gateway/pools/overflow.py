@@ -18,7 +18,7 @@ from glm_operator.gateway.policy.limits import KeyLimits
 from glm_operator.gateway.policy.metrics import GatewayMetrics
 from glm_operator.gateway.pools.wake import LongContextWaker, WakeError
 from glm_operator.gateway.upstream import Reply, Upstream
-from glm_operator.gateway.wire.http import Request
+from glm_operator.gateway.wire.messages import Request
 
 
 class Overflow:

@@ -1,5 +1,6 @@
-"""The gateway's HTTP/1.1 server: httptools' parser (llhttp, as in Node) under an asyncio
-Protocol, and nothing else.
+"""One client connection of the gateway's HTTP/1.1 server: httptools' parser (llhttp, as in
+Node) under an asyncio Protocol, and nothing else. server.py listens and holds the shared
+limits; messages.py has what handlers see; head_checks.py the protocol's rules on a head.
 
 The gateway sits in front of an engine on the cores the engine uses, and what a user feels of
 it is the time it adds to every answer. Measured on a whole answer after the engine worked
@@ -37,24 +38,33 @@ What a front door must still do, it does, against clients that mean harm too
 - a closed connection leaves no reference cycle (parser, requests, timers dropped), so its
   memory comes back without the cycle collector.
 
-(Some 850 lines: a connection's parser callbacks, its limits and its answering share one
-object's state, and splitting them would put a call between them on every request.)
+(Some 700 lines: a connection's parser callbacks, its limits as bytes arrive and its
+answering share one object's state, and splitting that object would put a call between them
+on every request and chunk.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
 from glm_operator.gateway.wire.framing import CLIENT_BUFFER_HIGH, MAX_HEAD_BYTES, head_bytes
+from glm_operator.gateway.wire.head_checks import head_fault
+from glm_operator.gateway.wire.messages import (
+    SHUTTING_DOWN,
+    Request,
+    Response,
+    Streamed,
+    busy,
+    error_response,
+)
+
+if TYPE_CHECKING:
+    from glm_operator.gateway.wire.server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -71,106 +81,6 @@ MAX_CONNECTIONS = 1024
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 WRITE_STALL_TIMEOUT_SECONDS = 30.0
 DRAIN_SECONDS = 25.0
-
-
-@dataclass(slots=True)
-class Request:
-    method: str
-    path: str  # without the query string
-    version: tuple[int, int]
-    headers: dict[str, str]  # lower-case names; repeated headers joined by ", "
-    connection: HttpConnection
-    body: bytes = b""
-    too_large: bool = False  # the body passed the limit: not kept, and the connection closes
-    keep_alive: bool = True  # what the client asked (HTTP version and Connection header)
-    key_id: str | None = None  # the API key's id, when a head check found it (proxy.py)
-    # The server's own: the route's handler, the answer when the server refused the request
-    # itself, and the bytes it counts in the server's buffered total.
-    handler: Handler | None = None
-    refusal: Response | None = None
-    held: int = 0
-
-    @property
-    def transport(self) -> asyncio.Transport:
-        return self.connection.transport
-
-    @property
-    def http11(self) -> bool:
-        return self.version >= (1, 1)
-
-    async def drain(self) -> None:
-        await self.connection.drain()
-
-    def write_now(self, response: Response) -> Streamed:
-        """Write a whole answer at once, from a callback that has it (an engine's answer,
-        the moment it is parsed) rather than from the handler's return; the handler then
-        returns what this returns. The handler's turn to write: answers go out in order."""
-        return self.connection.write_now(self, response)
-
-
-@dataclass(slots=True)
-class Response:
-    status: int
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    # Work that may wait until the answer is on its way (metrics, audit, charging a key's
-    # budget): run right after the write, before the connection's next request.
-    after: Callable[[], Awaitable[None]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Streamed:
-    """What a handler returns when it wrote its answer itself (a relayed stream).
-    `complete`: the body's framing was finished, so the connection can serve another request."""
-
-    complete: bool
-
-
-Handler = Callable[[Request], Awaitable[Response | Streamed]]
-# Sees a request once its head is parsed, before a byte of its body is read or `100 Continue`
-# is sent; a Response it returns is the answer (the body is never read, and the connection
-# closes after it), None lets the request go on to its handler.
-HeadCheck = Callable[[Request], Response | None]
-
-
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None
-                  ) -> Response:
-    return Response(status, json.dumps(data).encode(),
-                    {"Content-Type": "application/json", **(headers or {})})
-
-
-def error_response(status: int, message: str, code: str,
-                   type_: str = "invalid_request_error",
-                   headers: dict[str, str] | None = None) -> Response:
-    """The server's own refusals, in OpenAI's error shape (as openai/errors.py writes it)."""
-    return json_response({"error": {"message": message, "type": type_, "param": None,
-                                    "code": code}}, status, headers)
-
-
-def _busy(message: str, code: str) -> Response:
-    return error_response(503, message, code, "server_error", {"Retry-After": "1"})
-
-
-SHUTTING_DOWN = ("The gateway is shutting down: send the request again (another replica "
-                 "answers it).", "shutting_down")
-
-
-class Router:
-    """Exact (method, path) routes; anything else goes to the fallback."""
-
-    def __init__(self, fallback: Handler) -> None:
-        self._routes: dict[tuple[str, str], tuple[Handler, HeadCheck | None]] = {}
-        self._fallback: tuple[Handler, HeadCheck | None] = (fallback, None)
-
-    def add(self, method: str, path: str, handler: Handler,
-            head_check: HeadCheck | None = None) -> None:
-        self._routes[(method, path)] = (handler, head_check)
-
-    def route(self, method: str, path: str) -> tuple[Handler, HeadCheck | None]:
-        return self._routes.get((method, path)) or self._fallback
-
-    def find(self, method: str, path: str) -> Handler:
-        return self.route(method, path)[0]
 
 
 class _Stop(Exception):
@@ -237,7 +147,7 @@ class HttpConnection(asyncio.Protocol):
         if len(server.connections) >= server.max_connections:
             # Answered at once and closed; it never counts among the open connections.
             self._reading = False
-            response = _busy(f"The gateway holds its most client connections "
+            response = busy(f"The gateway holds its most client connections "
                              f"({server.max_connections}); retry shortly.",
                              "too_many_connections")
             self.transport.write(self._framed(response, (1, 1), "", keep_alive=False))
@@ -451,7 +361,7 @@ class HttpConnection(asyncio.Protocol):
         request = Request(method=method, path=path,
                           version=(1, 1) if version == "1.1" else (1, 0), headers=headers,
                           connection=self)
-        refusal = (self._head_fault(request, method, headers)
+        refusal = (head_fault(self._fault, request.http11, method, headers)
                    if self._fault is not None or "transfer-encoding" in headers
                    or method == "CONNECT" or ("host" not in headers and version == "1.1")
                    else None)
@@ -460,7 +370,7 @@ class HttpConnection(asyncio.Protocol):
         if refusal is None and head_check is not None:
             refusal = head_check(request)
         if refusal is not None or server.stopping:
-            self._refuse_request(request, refusal or _busy(*SHUTTING_DOWN))
+            self._refuse_request(request, refusal or busy(*SHUTTING_DOWN))
             raise _Stop
         length = 0
         declared = headers.get("content-length")  # never with Transfer-Encoding (llhttp)
@@ -478,7 +388,7 @@ class HttpConnection(asyncio.Protocol):
                 self._stop_reading(request)
                 raise _Stop
             if length and server.buffered_bytes + length > server.max_buffered_bytes:
-                self._refuse_request(request, _busy(
+                self._refuse_request(request, busy(
                     f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
                     "--max-buffered-bytes); retry shortly.", "server_busy"))
                 raise _Stop
@@ -513,30 +423,6 @@ class HttpConnection(asyncio.Protocol):
             # own wait for the 100 (a second with curl).
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def _head_fault(self, request: Request, method: str, headers: dict[str, str]
-                    ) -> Response | None:
-        """What the head alone says is wrong with the request, as its answer."""
-        if self._fault is not None:
-            return error_response(400, self._fault, "bad_request")
-        if request.http11 and "host" not in headers:
-            return error_response(400, "An HTTP/1.1 request must carry a Host header "
-                                       "(RFC 9112 3.2).", "bad_request")
-        coding = headers.get("transfer-encoding")
-        if coding is not None:
-            if not request.http11:
-                return error_response(400, "An HTTP/1.0 request cannot use Transfer-Encoding "
-                                           "(RFC 9112 6.1).", "bad_request")
-            if coding.strip().lower() != "chunked":
-                return error_response(501, f"Transfer-Encoding {coding!r} is not implemented: "
-                                           "send the body with Content-Length, or with "
-                                           "Transfer-Encoding: chunked alone.",
-                                      "not_implemented")
-        if method == "CONNECT":
-            return error_response(405, "CONNECT is not served: this is an OpenAI-compatible "
-                                       "API, not a proxy.", "method_not_allowed",
-                                  headers={"Allow": "GET, HEAD, POST"})
-        return None
-
     def on_body(self, body: bytes) -> None:
         size = len(body)
         self._body_bytes += size
@@ -556,7 +442,7 @@ class HttpConnection(asyncio.Protocol):
             raise _Stop
         if server.buffered_bytes > server.max_buffered_bytes:
             self._body = []
-            self._refuse_request(cast(Request, self._request), _busy(
+            self._refuse_request(cast(Request, self._request), busy(
                 f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
                 "--max-buffered-bytes); retry shortly.", "server_busy"))
             raise _Stop
@@ -693,7 +579,7 @@ class HttpConnection(asyncio.Protocol):
         server = self._server
         if request.refusal is None and server.stopping:
             # Arrived behind a running request after the stop began: refused, not started.
-            request.refusal = _busy(*SHUTTING_DOWN)
+            request.refusal = busy(*SHUTTING_DOWN)
             request.keep_alive = False
         if request.refusal is not None:
             self._write(request, request.refusal)
@@ -837,68 +723,3 @@ class HttpConnection(asyncio.Protocol):
     def close_if_idle(self) -> None:
         if self.is_idle() and not self._lingering:
             self.transport.close()
-
-
-class HttpServer:
-    """Listens, and on stop lets running handlers finish for up to `shutdown_timeout`."""
-
-    def __init__(self, router: Router, max_body_bytes: int, *,
-                 max_connections: int = MAX_CONNECTIONS,
-                 max_buffered_bytes: int = MAX_BUFFERED_BYTES,
-                 write_stall_timeout_seconds: float = WRITE_STALL_TIMEOUT_SECONDS,
-                 drain_seconds: float = DRAIN_SECONDS,
-                 head_timeout_seconds: float = HEAD_TIMEOUT_SECONDS,
-                 body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
-                 keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 linger_seconds: float = LINGER_SECONDS) -> None:
-        self.router = router
-        self.max_body_bytes = max_body_bytes
-        self.max_connections = max_connections
-        self.max_buffered_bytes = max_buffered_bytes
-        self.write_stall_timeout_seconds = write_stall_timeout_seconds
-        self.drain_seconds = drain_seconds
-        self.head_timeout_seconds = head_timeout_seconds
-        self.body_timeout_seconds = body_timeout_seconds
-        self.keepalive_seconds = keepalive_seconds
-        self.linger_seconds = linger_seconds
-        # How often each connection's timer looks: each limit is then enforced within half
-        # of itself past it.
-        self.tick_seconds = max(0.01, min(head_timeout_seconds, body_timeout_seconds,
-                                          write_stall_timeout_seconds, keepalive_seconds) / 2)
-        self.connections: set[HttpConnection] = set()  # open ones, within max_connections
-        self.buffered_bytes = 0  # held for requests being read or answered, all connections
-        self.lingering = 0
-        self.in_flight = 0
-        self.stopping = False
-        self._server: asyncio.Server | None = None
-
-    async def start(self, host: str, port: int) -> int:
-        """Listen; return the port (a free one when `port` is 0)."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: HttpConnection(self), host, port,
-                                                reuse_address=True, backlog=1024)
-        sockets = self._server.sockets
-        return int(sockets[0].getsockname()[1]) if sockets else port
-
-    async def stop(self, shutdown_timeout: float | None = None) -> None:
-        """Stop listening, close idle connections, refuse what arrives on the others (503
-        shutting_down), and let running handlers finish, and requests being read be
-        answered, for up to `shutdown_timeout` (drain_seconds when None); then close every
-        connection."""
-        timeout = self.drain_seconds if shutdown_timeout is None else shutdown_timeout
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.close_if_idle()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (self.in_flight or not all(c.is_idle() for c in self.connections)) \
-                and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        for connection in list(self.connections):
-            with contextlib.suppress(Exception):
-                connection.transport.close()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)

@@ -1,0 +1,85 @@
+"""The gateway's HTTP server: it listens, holds the limits every connection shares (the caps,
+the timeouts, the bytes held), and stops gracefully (http.py is one connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from glm_operator.gateway.wire.http import (
+    BODY_TIMEOUT_SECONDS,
+    DRAIN_SECONDS,
+    HEAD_TIMEOUT_SECONDS,
+    KEEPALIVE_SECONDS,
+    LINGER_SECONDS,
+    MAX_BUFFERED_BYTES,
+    MAX_CONNECTIONS,
+    WRITE_STALL_TIMEOUT_SECONDS,
+    HttpConnection,
+)
+from glm_operator.gateway.wire.messages import Router
+
+
+class HttpServer:
+    """Listens, and on stop lets running handlers finish for up to `shutdown_timeout`."""
+
+    def __init__(self, router: Router, max_body_bytes: int, *,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+                 write_stall_timeout_seconds: float = WRITE_STALL_TIMEOUT_SECONDS,
+                 drain_seconds: float = DRAIN_SECONDS,
+                 head_timeout_seconds: float = HEAD_TIMEOUT_SECONDS,
+                 body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
+                 keepalive_seconds: float = KEEPALIVE_SECONDS,
+                 linger_seconds: float = LINGER_SECONDS) -> None:
+        self.router = router
+        self.max_body_bytes = max_body_bytes
+        self.max_connections = max_connections
+        self.max_buffered_bytes = max_buffered_bytes
+        self.write_stall_timeout_seconds = write_stall_timeout_seconds
+        self.drain_seconds = drain_seconds
+        self.head_timeout_seconds = head_timeout_seconds
+        self.body_timeout_seconds = body_timeout_seconds
+        self.keepalive_seconds = keepalive_seconds
+        self.linger_seconds = linger_seconds
+        # How often each connection's timer looks: each limit is then enforced within half
+        # of itself past it.
+        self.tick_seconds = max(0.01, min(head_timeout_seconds, body_timeout_seconds,
+                                          write_stall_timeout_seconds, keepalive_seconds) / 2)
+        self.connections: set[HttpConnection] = set()  # open ones, within max_connections
+        self.buffered_bytes = 0  # held for requests being read or answered, all connections
+        self.lingering = 0
+        self.in_flight = 0
+        self.stopping = False
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen; return the port (a free one when `port` is 0)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: HttpConnection(self), host, port,
+                                                reuse_address=True, backlog=1024)
+        sockets = self._server.sockets
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    async def stop(self, shutdown_timeout: float | None = None) -> None:
+        """Stop listening, close idle connections, refuse what arrives on the others (503
+        shutting_down), and let running handlers finish, and requests being read be
+        answered, for up to `shutdown_timeout` (drain_seconds when None); then close every
+        connection."""
+        timeout = self.drain_seconds if shutdown_timeout is None else shutdown_timeout
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close_if_idle()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (self.in_flight or not all(c.is_idle() for c in self.connections)) \
+                and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            with contextlib.suppress(Exception):
+                connection.transport.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
