@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.cluster import recycle_released_volumes
 from e2e.kubectl import Kubectl, wait_for
 from e2e.ports import free_port
 
@@ -160,6 +161,9 @@ def prefixed_namespace(request: pytest.FixtureRequest, kubectl: Kubectl, prefix:
     afterwards, without waiting."""
     slug = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower())[:30].strip("-")
     name = f"{prefix}{slug}-{uuid.uuid4().hex[:5]}"
+    # Claims of earlier tests' deleted namespaces left their PVs Released; offer them again
+    # (as the `namespace` fixture does), or a module of many tests runs out of volumes.
+    recycle_released_volumes(kubectl)
     kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     wait_for(lambda: kubectl.exists("serviceaccount", "default", "-n", name), timeout=30,
              what=f"ServiceAccount default in {name}")
