@@ -268,9 +268,13 @@ class Proxy:
     async def _reserve(self, call: Call) -> None:
         """Take the most the request may cost from its key's budget now (accounting.py)."""
         assert self.limits is not None
-        call.reserved_tokens = tokens_to_reserve(call, self.limits.limits.tokens_per_minute,
-                                                 self.context_length)
-        await self.limits.charge(call.record.key_id, call.reserved_tokens)
+        tokens = tokens_to_reserve(call, self.limits.limits.tokens_per_minute,
+                                   self.context_length)
+        charge = self.limits.charge(call.record.key_id, tokens)
+        # Shielded as the settlement is, and counted as reserved only once taken: a client
+        # that leaves meanwhile is never refunded what was not reserved.
+        await (asyncio.shield(charge) if self.limits.store is not None else charge)
+        call.reserved_tokens = tokens
 
     async def _account(self, call: Call) -> None:
         """A finished request in the metrics, the audit log and its key's token budget."""
