@@ -61,7 +61,7 @@ from e2e.gateway_process import GatewayProcess
 from e2e.llama import LlamaServer, http_json, llama_server_binary, local_socket
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.ports import free_port
-from e2e.procstat import cpu_seconds
+from e2e.procstat import cpu_seconds, stop
 
 TARGET_RATIO = {"non-streaming": 0.97, "streaming": 0.97}
 TARGET_ADDED_MS = {"non-streaming": 0.5, "streaming": 1.0}
@@ -288,12 +288,7 @@ def _reference_path(name: str, argv: list[str], port: int, work: Path
         _wait_healthy(process, url, name, log.name, 60)
         yield url, lambda: cpu_seconds(process.pid)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         log.close()
 
 

@@ -323,6 +323,7 @@ def _wait_answering(process: subprocess.Popen[bytes], url: str, what: str, log: 
 @contextlib.contextmanager
 def _process(argv: list[str], name: str, health_url: str, work: Path,
              env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    from e2e.procstat import stop
     log = work / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -332,12 +333,7 @@ def _process(argv: list[str], name: str, health_url: str, work: Path,
         _wait_answering(process, health_url, name, log)
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 # --- the load -----------------------------------------------------------------------------------

@@ -1,9 +1,20 @@
-"""CPU time a process has used, as finely as this kernel tells it."""
+"""CPU time a process has used, as finely as this kernel tells it; and stopping one."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+
+
+def stop(process: subprocess.Popen[bytes], grace_seconds: float = 10.0) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `grace_seconds`."""
+    process.terminate()
+    try:
+        process.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def cpu_seconds(pid: int) -> float:

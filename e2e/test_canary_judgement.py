@@ -28,6 +28,7 @@ import pytest
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl, wait_for
 from e2e.ports import free_port
+from e2e.procstat import stop
 from e2e.prometheus import PrometheusServer
 from e2e.test_canary import (
     SERVICE,
@@ -79,12 +80,7 @@ def version_served(prometheus: PrometheusServer, namespace: str, version: str, m
             yield gateway
     finally:
         prometheus.remove_target(target)
-        engine.terminate()
-        try:
-            engine.wait(10)
-        except subprocess.TimeoutExpired:
-            engine.kill()
-            engine.wait(5)
+        stop(engine)
         log.close()
 
 
