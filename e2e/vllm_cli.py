@@ -25,6 +25,7 @@ from glm_operator.planning.accelerators import VLLM_CUDA_IMAGE
 from e2e.cache import cache_root
 
 VLLM_VERSION = VLLM_CUDA_IMAGE.rpartition(":v")[2]
+DOCKERFILE = Path(__file__).resolve().parents[1] / "runtime-images" / "vllm" / "Dockerfile.cuda"
 PARSE_SCRIPT = Path(__file__).resolve().parent / "vllm_cli_parse.py"
 RESULT_MARK = "VLLM_CLI_PARSE_RESULT "  # the line of vllm_cli_parse.py's stdout to read
 INSTALL_TIMEOUT = 1800
@@ -42,11 +43,22 @@ def _python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def ray_version() -> str:
+    """The Ray the vLLM image installs (its Dockerfile's RAY_VERSION): vLLM no longer depends
+    on Ray, so the venv gets this one to check the groups' `ray start` argvs."""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("ARG RAY_VERSION="):
+            return line.partition("=")[2].strip()
+    raise VllmEnvError(f"{DOCKERFILE} has no ARG RAY_VERSION")
+
+
 def ensure_vllm() -> Path:
-    """The Python of a venv holding vllm==VLLM_VERSION (installed on first use)."""
+    """The Python of a venv holding vllm==VLLM_VERSION and the image's Ray (installed on
+    first use; a venv made for another Ray is made again)."""
     venv = venv_dir()
     marker = venv / ".complete"
-    if marker.exists():
+    expected = f"vllm {VLLM_VERSION}\nray {ray_version()}\n"
+    if marker.exists() and marker.read_text() == expected:
         return _python(venv)
     if venv.exists():
         shutil.rmtree(venv)  # a half-made venv from an interrupted install
@@ -56,7 +68,7 @@ def ensure_vllm() -> Path:
     steps = (
         [sys.executable, "-m", "venv", str(venv)],
         [str(_python(venv)), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"vllm=={VLLM_VERSION}"],
+         f"vllm=={VLLM_VERSION}", f"ray[cgraph]=={ray_version()}"],
         [str(_python(venv)), "-c", "import vllm.entrypoints.cli.main"],
     )
     for step in steps:
@@ -68,7 +80,7 @@ def ensure_vllm() -> Path:
         if done.returncode != 0:
             raise VllmEnvError(f"`{' '.join(step[:4])}` failed ({done.returncode}):\n"
                                f"{(done.stdout + done.stderr)[-3000:]}")
-    marker.write_text(f"vllm {VLLM_VERSION}\n")
+    marker.write_text(expected)
     print(f"[vllm] installed in {time.monotonic() - started:.0f}s", flush=True)
     return _python(venv)
 

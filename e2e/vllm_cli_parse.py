@@ -59,6 +59,12 @@ def _capture(args: argparse.Namespace) -> None:
         args.model = args.model_tag
     validate_api_server_args(args)
     engine_args = vllm.AsyncEngineArgs.from_cli_args(args)
+    if getattr(engine_args, "reasoning_parser", None):
+        # vLLM 0.33 keeps --reasoning-parser out of the API server's check (it reads the
+        # structured-outputs copy, filled later); the engine resolves the name when it starts,
+        # as here, and a name it does not know stops it.
+        from vllm.reasoning import ReasoningParserManager
+        ReasoningParserManager.get_reasoning_parser(engine_args.reasoning_parser)
     fields = {f.name: _plain(getattr(engine_args, f.name)) for f in dataclasses.fields(engine_args)}
     raise Served({"engine_args": fields, "namespace": _plain(vars(args))})
 

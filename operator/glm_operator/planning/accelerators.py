@@ -27,9 +27,13 @@ VENDORS: tuple[Vendor, ...] = ("nvidia", "huawei", "cpu")
 
 # Our own runtime images (runtime-images/) live under this registry unless operator config
 # says otherwise; upstream vLLM images are used as published. Tags are pinned, never latest.
+# vLLM: the newest release on PyPI (0.33.0), which has GLM-5 (GlmMoeDsaForCausalLM) and
+# GLM-5-Next in its model registry. vllm-ascend follows vLLM's numbers but lags it: its newest
+# release, v0.23.0.post1, is built on vLLM v0.23.0 (its Dockerfile's VLLM_TAG) and serves GLM-5
+# since v0.17.0rc1, so each is pinned on its own.
 DEFAULT_IMAGE_REGISTRY = "ghcr.io/glm-operator"
-VLLM_CUDA_IMAGE = "vllm/vllm-openai:v0.11.0"
-VLLM_ASCEND_IMAGE = "quay.io/ascend/vllm-ascend:v0.11.0"
+VLLM_CUDA_IMAGE = "vllm/vllm-openai:v0.33.0"
+VLLM_ASCEND_IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0.post1"
 
 
 @dataclass(frozen=True)

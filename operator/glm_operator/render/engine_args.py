@@ -31,9 +31,9 @@ ENGINE_HOST = "127.0.0.1"
 # llama-server takes a Unix socket for a host ending in ".sock" (tools/server/server-http.cpp).
 ENGINE_SOCKET = "@glm-engine.sock"
 VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
-# Multi-node: llama.cpp's ggml-rpc-server port (its default), and the Ray head's GCS port. The
-# pinned vLLM (v0.11.0) spans nodes only through Ray: its own multi-node flags (--nnodes,
-# --node-rank, --master-addr) are not in its argument parser yet.
+# Multi-node: llama.cpp's ggml-rpc-server port (its default), and the Ray head's GCS port.
+# vLLM groups span nodes through Ray, which both pinned engines have (vLLM 0.33's own
+# --nnodes mode is not in vllm-ascend v0.23's vLLM 0.23 line; docs/planning.md).
 # The worker binary as the pinned llama.cpp tree names it (tools/rpc: target ggml-rpc-server).
 RPC_SERVER = "ggml-rpc-server"
 RPC_PORT = 50052
