@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
+from glm_operator.planning import engine_support
 from glm_operator.planning import memory as mem
 from glm_operator.planning.accelerators import (
     PROFILES,
@@ -271,6 +272,8 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
     if request.engine not in profile.engines:
         runs = ", ".join(profile.engines)
         return f"{profile.name} does not run {request.engine} (it runs {runs})"
+    if cannot_load := engine_support.unsupported(request.engine, facts.architecture):
+        return cannot_load
     if request.engine == "llamacpp" and q.format != "gguf":
         return f"llama.cpp serves GGUF quantizations; {q.name} is a Hugging Face format"
     if request.engine == "vllm" and q.format != "hf":
