@@ -46,13 +46,13 @@ def vllm_registry() -> dict[str, str]:
 
 
 def test_the_table_names_the_pinned_llama_cpp() -> None:
-    assert engine_support.LLAMA_CPP_VERSION == f"llama-cpp-python {llama_cpp_python_version()}"
+    assert f"llama-cpp-python {llama_cpp_python_version()}" == engine_support.LLAMA_CPP_VERSION
 
 
 def test_llama_cpp_accepts_exactly_what_the_pinned_tree_registers(tree: Path) -> None:
     registered = set(architecture_names(tree)) - {"clip", "(unknown)"}
     assert len(registered) > 100  # the parse found the table, not an empty match
-    assert engine_support.LLAMACPP_ARCHITECTURES == registered
+    assert registered == engine_support.LLAMACPP_ARCHITECTURES
     for name in sorted(registered):
         assert engine_support.unsupported("llamacpp", name) is None
 

@@ -108,6 +108,25 @@ def test_model_stop_sequences_are_added_after_the_clients() -> None:
     assert json.loads(parsed.body)["stop"] == ["<|user|>"]
 
 
+@pytest.mark.parametrize("named", ["glm-5", "zai-org/GLM-5.1", "", None])
+def test_the_engine_gets_the_name_it_serves_whatever_the_client_names(named: str | None) -> None:
+    body = {**CHAT, "model": named} if named is not None else \
+        {"messages": CHAT["messages"]}
+    parsed = parse_request(json.dumps(body).encode(), "chat", ("<|user|>",),
+                           served_model="chat-prod")
+    sent = json.loads(parsed.body)
+    assert sent["model"] == "chat-prod" and sent["stop"] == ["<|user|>"]
+    assert sent["messages"] == CHAT["messages"]
+    completion = parse_request(json.dumps({"model": named, "prompt": "x"}).encode(),
+                               "completions", served_model="chat-prod")
+    assert json.loads(completion.body)["model"] == "chat-prod"
+
+
+def test_a_request_naming_the_served_model_keeps_its_bytes() -> None:
+    body = chat(model="chat-prod")
+    assert parse_request(body, "chat", served_model="chat-prod").body is body
+
+
 def test_merge_stop() -> None:
     assert merge_stop(None, ("a",)) == ["a"]
     assert merge_stop(["a", "b"], ("b", "c")) == ["a", "b", "c"]

@@ -94,7 +94,8 @@ class Gateway:
         self.proxy = Proxy(whole, streams, overflow, keys, limits, audit, metrics,
                            config.max_body_bytes, config.stop_sequences, config.context_length,
                            config.engine_slots, relayed, config.max_in_flight_per_key,
-                           config.first_token_overdue_seconds, config.request_overdue_seconds)
+                           config.first_token_overdue_seconds, config.request_overdue_seconds,
+                           served_model=config.service_name)
         labels = metrics.labels
         # Read when scraped, not written per request: the hot path only counts.
         metrics.in_flight.labels(**labels).set_function(lambda: self.proxy.in_flight)

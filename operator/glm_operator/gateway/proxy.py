@@ -74,7 +74,7 @@ class Proxy:
                  metrics: GatewayMetrics, max_body_bytes: int, stop_sequences: tuple[str, ...],
                  context_length: int, engine_slots: int, relayed: Upstream | None = None,
                  max_in_flight_per_key: int = 0, first_token_overdue: float = 0.0,
-                 request_overdue: float = 0.0) -> None:
+                 request_overdue: float = 0.0, served_model: str = "") -> None:
         self.whole = whole
         self.streams = streams
         self.relayed = relayed  # streams to HTTP/1.1 clients, where the relay applies
@@ -85,6 +85,7 @@ class Proxy:
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.stop_sequences = stop_sequences
+        self.served_model = served_model  # what every request names to the engine
         # 0: unknown until the warm-up reads them from the engine (app.py)
         self.context_length = context_length
         self.engine_slots = engine_slots
@@ -184,7 +185,8 @@ class Proxy:
                 if request.too_large:
                     raise errors.too_large(self.max_body_bytes)
                 parsed = parse_request(request.body, endpoint, self.stop_sequences,
-                                       keep_prompt=self.audit.include_text)
+                                       keep_prompt=self.audit.include_text,
+                                       served_model=self.served_model)
                 request.body = b""  # the engine gets parsed.body; the client's copy goes
                 record.stream = parsed.stream
                 record.prompt = parsed.prompt

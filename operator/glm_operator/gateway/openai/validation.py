@@ -170,10 +170,14 @@ def merge_stop(user: Any, model_stops: tuple[str, ...]) -> list[str]:
 
 
 def parse_request(body: bytes, endpoint: Endpoint,
-                  model_stops: tuple[str, ...] = (), keep_prompt: bool = False
-                  ) -> ParsedRequest:
+                  model_stops: tuple[str, ...] = (), keep_prompt: bool = False,
+                  served_model: str = "") -> ParsedRequest:
     """Validate a request body; return the bytes to send to the engine and the few fields the
-    pipeline needs (the prompt itself only with `keep_prompt`)."""
+    pipeline needs (the prompt itself only with `keep_prompt`).
+
+    `served_model` is the name the engine serves (vLLM's --served-model-name, the service's
+    name): whatever `model` the client names (`glm-5`, the Hub id, nothing), the engine gets
+    that one. vLLM answers 404 to any other name; llama-server ignores the field."""
     try:
         payload = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -187,11 +191,17 @@ def parse_request(body: bytes, endpoint: Endpoint,
         _check_messages(payload)
     else:
         _check_prompt(payload)
+    changed = False
+    if served_model and payload.get("model") != served_model:
+        payload["model"] = served_model
+        changed = True
     if model_stops:
         merged = merge_stop(payload.get("stop"), model_stops)
         if merged != payload.get("stop"):
             payload["stop"] = merged
-            body = json.dumps(payload, separators=(",", ":")).encode()
+            changed = True
+    if changed:
+        body = json.dumps(payload, separators=(",", ":")).encode()
     max_tokens = payload.get("max_tokens", payload.get("max_completion_tokens"))
     prompt = payload.get("messages" if endpoint == "chat" else "prompt") if keep_prompt \
         else None
