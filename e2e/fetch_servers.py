@@ -8,6 +8,9 @@ and scripted faults, so the fetcher's client code runs exactly as against a CDN:
     server.fail_next[path] = [503]   answer the next GETs with these statuses
     server.required_token = "t"      401 without `Authorization: Bearer t`, 403 with another
     server.no_length = {path}        send the body without Content-Length (close-delimited)
+    server.bytes_per_second = n      send bodies at about n bytes/s (a slow CDN; None: as fast
+                                     as the socket takes them); read per chunk, so a test
+                                     can speed up a download under way
     server.hub_layout = True         serve /{org}/{repo}/resolve/{revision}/{file} from
                                      root/{org}/{repo}/{revision}/{file}, answering with a 302
                                      to a /cdn/ URL, as the Hub does for large files; and the
@@ -37,6 +40,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,6 +72,7 @@ class ModelFileServer(http.server.ThreadingHTTPServer):
         self.fail_next: dict[str, list[int]] = {}
         self.required_token: str | None = None
         self.no_length: set[str] = set()
+        self.bytes_per_second: float | None = None
         self.hub_layout = False
         self.tree_page_size = 50
         self.hub_missing: set[str] = set()
@@ -178,8 +183,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.connection.shutdown(2)
             return
         view = memoryview(data)
-        for offset in range(0, len(data), 64 * 1024):
-            self.wfile.write(view[offset:offset + 64 * 1024])
+        chunk = 64 * 1024
+        try:
+            for offset in range(0, len(data), chunk):
+                self.wfile.write(view[offset:offset + chunk])
+                rate = server.bytes_per_second
+                if rate:
+                    self.wfile.flush()
+                    time.sleep(min(chunk, len(data) - offset) / rate)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away (a killed fetch)
 
     def _hub_revision(self, org: str, repo: str, name: str) -> str | None:
         """The revision directory for a branch/tag name or a commit sha; None if unknown."""

@@ -49,6 +49,7 @@ from glm_operator.api.glmservice_status import (
 )
 from glm_operator.api.modelversion import (
     CacheStatus,
+    DownloadProgress,
     ModelCache,
     ModelFacts,
     ModelFormat,
@@ -76,6 +77,7 @@ __all__ = [
     "CanaryAnalysis",
     "Condition",
     "ConditionStatus",
+    "DownloadProgress",
     "Engine",
     "GLMService",
     "GLMServiceConditionType",

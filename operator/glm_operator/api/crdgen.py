@@ -201,6 +201,8 @@ MODELVERSION_KIND = Kind(
     status=ModelVersionStatus,
     columns=(
         PrinterColumn("Phase", ".status.phase"),
+        PrinterColumn("Progress", ".status.progress.summary",
+                      description="The fetch Job's download: done/total, rate, ETA"),
         PrinterColumn("Format", ".spec.format"),
         PrinterColumn("Quantization", ".spec.quantization"),
         PrinterColumn("Architecture", ".spec.architecture"),

@@ -9,6 +9,7 @@ facts the capacity planner prefers over the declared ones in `spec.facts`.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
@@ -128,8 +129,11 @@ class ModelCache(SpecModel):
     access_mode: Literal["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"] = Field(
         default="ReadWriteOnce",
         description=(
-            "ReadWriteMany (or ReadOnlyMany once filled) lets replicas on different nodes "
-            "share one copy; ReadWriteOnce pins them to one node."
+            "ReadWriteMany (or ReadOnlyMany once filled) lets replicas on different nodes, and "
+            "the nodes of a multi-node group, share one copy. ReadWriteOnce: one node mounts "
+            "the volume, so every pod serving this version is placed on that node (required "
+            "pod affinity on kubernetes.io/hostname); replicas that cannot all fit on one "
+            "node, and multi-node groups, are refused (Planned=False, CacheNotShareable)."
         ),
     )
 
@@ -281,6 +285,34 @@ class CacheStatus(StatusModel):
     path: str | None = Field(default=None, description="Path of the model inside the PVC.")
 
 
+class DownloadProgress(StatusModel):
+    """How far the fetch Job's download has got (written at most every ~15 s, and at the end)."""
+
+    summary: str = Field(
+        max_length=128,
+        description="One line for people, e.g. `Downloading 37% 152/410Gi 210MiB/s ETA 22m`.",
+    )
+    done_bytes: Int64 = Field(
+        ge=0, description="Bytes in the cache so far, those a resumed download found included."
+    )
+    total_bytes: Int64 | None = Field(
+        default=None, ge=0,
+        description="Bytes in all; unset until the source says (response headers, listing).",
+    )
+    percent: int | None = Field(default=None, ge=0, le=100, description="doneBytes/totalBytes.")
+    bytes_per_second: Int64 | None = Field(
+        default=None, ge=0, description="Recent rate (the last 30 s) of this attempt."
+    )
+    eta_seconds: Int64 | None = Field(
+        default=None, ge=0, description="Seconds left at the recent rate."
+    )
+    resumed_bytes: Int64 = Field(
+        default=0, ge=0,
+        description="Of doneBytes, what an earlier attempt had left (counted as done).",
+    )
+    update_time: datetime | None = Field(default=None, description="When this was measured.")
+
+
 class ModelVersionStatus(StatusModel):
     """What the fetch and verification found."""
 
@@ -308,6 +340,10 @@ class ModelVersionStatus(StatusModel):
         description="Facts measured from the GGUF header (safetensors: config.json).",
     )
     cache: CacheStatus | None = Field(default=None, description="Where the artifact is cached.")
+    progress: DownloadProgress | None = Field(
+        default=None,
+        description="The fetch Job's download progress (kubectl get mv: the Progress column).",
+    )
 
 
 class ModelVersion(SpecModel):

@@ -16,6 +16,7 @@ from typing import Any
 from glm_operator.api import ModelVersion, ModelVersionConditionType, set_condition
 from glm_operator.api.conditions import is_condition_true
 from glm_operator.config import OperatorConfig
+from glm_operator.download_progress import stopped_status_progress
 from glm_operator.render.modelversion import render_model_version
 
 Obj = dict[str, Any]
@@ -83,6 +84,13 @@ def decide_model_version(
         patch["conditions"] = dump
     if phase != status.phase:
         patch["phase"] = phase
+        if phase == "Failed" and status.progress is not None:
+            # The Job died without reporting (deadline, evicted, OOM): its last figures stay,
+            # but no longer as a download that is moving.
+            stopped = stopped_status_progress(
+                status.progress.model_dump(by_alias=True, mode="json"), now)
+            if stopped is not None:
+                patch["progress"] = stopped
     if status.observed_generation != generation:
         patch["observedGeneration"] = generation
     if ready[0] and status.phase == "Ready" and not any(

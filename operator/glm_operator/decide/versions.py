@@ -138,9 +138,11 @@ def _model_problem(name: str, mv: ModelVersion) -> Problem | None:
                 + (f" ({failing.reason}: {failing.message})" if failing else "")
                 + ": fix its source, or point spec.modelVersion at another version")
     if mv.status.phase != "Ready":
+        progress = mv.status.progress
         return ("ModelVersionNotReady",
-                f"ModelVersion {name!r} is {mv.status.phase}: waiting for the fetch "
-                "Job to download and verify it")
+                f"ModelVersion {name!r} is {mv.status.phase}"
+                + (f" ({progress.summary})" if progress is not None else "")
+                + ": waiting for the fetch Job to download and verify it")
     return None
 
 

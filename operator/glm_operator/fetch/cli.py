@@ -27,6 +27,7 @@ from pathlib import Path
 from glm_operator.fetch.download import FetchOptions, FetchResult, fetch_artifact
 from glm_operator.fetch.errors import FetchError, InvalidSourceURI
 from glm_operator.fetch.listing import DEFAULT_INCLUDE
+from glm_operator.fetch.progress import DEFAULT_STATUS_INTERVAL_S, ProgressMeter
 from glm_operator.fetch.snapshot import SnapshotResult, fetch_snapshot
 from glm_operator.fetch.sources import (
     DirectorySource,
@@ -104,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     status.add_argument("--namespace", default=env("GLM_FETCH_NAMESPACE"),
                         help="its namespace (default: the pod's own)")
     status.add_argument("--cache-claim", help="cache PVC name, echoed into status.cache")
+    status.add_argument("--status-interval", type=float, default=DEFAULT_STATUS_INTERVAL_S,
+                        help="least seconds between two progress writes into the status "
+                        f"(default {DEFAULT_STATUS_INTERVAL_S:g})")
     status.add_argument("--api-server", help="API server URL (default: in-cluster)")
     status.add_argument("--token-file", help="ServiceAccount token file (default: in-cluster)")
     status.add_argument("--api-ca-file", help="API server CA bundle (default: in-cluster)")
@@ -152,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     reporter = None
+    meter = None
     try:
         if not args.source:
             raise InvalidSourceURI("spec.source.uri: no source given (--source)")
@@ -185,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
             reporter = StatusReporter(access, StatusTarget(namespace, args.modelversion,
                                                            args.cache_claim))
             reporter.fetching(source.display)
+            meter = ProgressMeter(reporter.progress, args.status_interval)
         except KubeError as exc:
             log.error("cannot report to ModelVersion %s: %s", args.modelversion, exc)
             return REPORT_FAILED_EXIT
@@ -194,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         parse_gguf=False, reserve_bytes=args.reserve, max_attempts=args.max_attempts,
         retry_initial_delay_s=args.retry_delay, retry_max_delay_s=args.retry_max_delay,
         timeout_s=args.timeout, progress_interval_s=args.progress_interval,
-        ssl_context=_ssl_context(args.ca_bundle),
+        meter=meter, ssl_context=_ssl_context(args.ca_bundle),
     )
     filename = args.filename or (source.dirname if isinstance(source, DirectorySource)
                                  else source.filename)
@@ -223,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
         args.result_json.write_text(json.dumps(document, indent=2) + "\n")
     if reporter is not None:
         try:
-            reporter.succeeded(result, relative)
+            reporter.succeeded(result, relative,
+                               meter.final() if meter is not None else None)
         except KubeError as exc:
             log.error("fetched and verified, but could not write the status: %s", exc)
             return REPORT_FAILED_EXIT

@@ -39,6 +39,7 @@ from glm_operator.fetch.errors import (
     WrongArchitecture,
 )
 from glm_operator.fetch.gguf_header import GGUFFacts, GGUFFormatError, read_gguf_file
+from glm_operator.fetch.progress import ProgressMeter
 from glm_operator.fetch.sources import HttpSource, LocalSource, Source
 
 log = logging.getLogger("glm_operator.fetch")
@@ -65,6 +66,8 @@ class FetchOptions:
     retry_max_delay_s: float = 30.0
     timeout_s: float = 60.0
     progress_interval_s: float = 10.0
+    # Where the bytes are counted for the status (fetch/progress.py); None: only logged.
+    meter: ProgressMeter | None = None
     ssl_context: ssl.SSLContext | None = None
     # The file system's idea of free bytes; replaceable so a test can pin it.
     free_bytes: Callable[[Path], int] = lambda path: shutil.disk_usage(path).free
@@ -246,6 +249,8 @@ def _download(source: Source, partial: Path, options: FetchOptions) -> tuple[str
                     digest, offset, resumed_from = hashlib.sha256(), 0, 0
                     partial.write_bytes(b"")
                 total = response.total
+                if options.meter is not None:
+                    options.meter.started(str(partial), total, offset)
                 if not space_checked:
                     _check_space(partial.parent, (total - offset) if total else 0, options,
                                  source.display)
@@ -273,6 +278,8 @@ def _download(source: Source, partial: Path, options: FetchOptions) -> tuple[str
                         digest.update(chunk)
                         offset += len(chunk)
                         progress.update(offset, total, len(chunk))
+                        if options.meter is not None:
+                            options.meter.advance(len(chunk))
                     try:
                         out.flush()
                         os.fsync(out.fileno())

@@ -1,6 +1,9 @@
 """What the fetch Job writes into its ModelVersion's status (pure), and the call that writes it.
 
     phase       Fetching while downloading, Ready when cached and verified, Failed otherwise
+    progress    bytes done and total, rate, ETA and their one-line summary (the Progress
+                column), at most every ~15 s while downloading (fetch/progress.py), the
+                final figures with Ready, "Stopped at ..." with Failed
     sizeBytes, sha256, facts (the GGUF header, camelCase names), cache {claimName, path}
                 for a safetensors folder: the total size, the snapshot digest, the facts of
                 its config.json (fetch/hf_config.py) and the folder as cache.path
@@ -13,22 +16,31 @@ Ready is the operator's summary condition and is left to it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from glm_operator.api.conditions import Condition, ConditionStatus, set_condition
 from glm_operator.api.modelversion import (
+    DownloadProgress,
     ModelFacts,
     ModelVersionConditionType,
     ModelVersionPhase,
 )
+from glm_operator.download_progress import stopped_status_progress
 from glm_operator.fetch.download import FetchResult
 from glm_operator.fetch.errors import FetchError
 from glm_operator.fetch.gguf_header import GGUFFacts
+from glm_operator.fetch.progress import Progress
 from glm_operator.fetch.snapshot import SnapshotResult
-from glm_operator.kube.modelversion_status import ServiceAccountAccess, update_modelversion_status
+from glm_operator.kube.client import KubeError
+from glm_operator.kube.modelversion_status import (
+    ServiceAccountAccess,
+    patch_modelversion_status,
+    update_modelversion_status,
+)
 
 log = logging.getLogger("glm_operator.fetch")
 
@@ -78,6 +90,29 @@ def _generation(obj: Mapping[str, Any]) -> int | None:
     return int(value) if value is not None else None
 
 
+def progress_fields(progress: Progress, now: datetime | None = None) -> dict[str, Any]:
+    """status.progress for a merge patch: every field named, absent ones as null, so a
+    figure that no longer applies (an ETA once finished) is removed, not left behind."""
+    model = DownloadProgress(
+        summary=progress.summary,
+        done_bytes=progress.done_bytes,
+        total_bytes=progress.total_bytes,
+        percent=progress.percent,
+        bytes_per_second=(round(progress.bytes_per_second)
+                          if progress.bytes_per_second is not None else None),
+        eta_seconds=(math.ceil(progress.eta_seconds)
+                     if progress.eta_seconds is not None and not progress.finished else None),
+        resumed_bytes=progress.resumed_bytes,
+        update_time=(now or datetime.now(UTC)).replace(microsecond=0),
+    )
+    return model.model_dump(by_alias=True, mode="json")
+
+
+def stopped_progress(obj: Mapping[str, Any], now: datetime | None = None,
+                     verb: str = "Stopped at") -> dict[str, Any] | None:
+    return stopped_status_progress((obj.get("status") or {}).get("progress"), now, verb)
+
+
 def fetching_status(obj: Mapping[str, Any], source: str, now: datetime | None = None) -> (
         dict[str, Any]):
     generation = _generation(obj)
@@ -85,13 +120,16 @@ def fetching_status(obj: Mapping[str, Any], source: str, now: datetime | None = 
                                f"fetching {source}", generation, now)
     conditions = set_condition(conditions, VERIFIED, ConditionStatus.UNKNOWN, "NotYetDownloaded",
                                "verification runs when the download completes", generation, now)
+    # An earlier attempt's figures are replaced by this one's first report, which counts
+    # what that attempt left on disk as done.
     return {"phase": ModelVersionPhase.FETCHING.value, "observedGeneration": generation,
-            "conditions": _dump(conditions)}
+            "conditions": _dump(conditions),
+            "progress": stopped_progress(obj, now, verb="Resuming from")}
 
 
 def success_status(obj: Mapping[str, Any], result: FetchResult | SnapshotResult,
-                   target: StatusTarget, relative_path: str, now: datetime | None = None) -> (
-        dict[str, Any]):
+                   target: StatusTarget, relative_path: str, now: datetime | None = None,
+                   progress: Progress | None = None) -> dict[str, Any]:
     generation = _generation(obj)
     pinned = bool((obj.get("spec") or {}).get("sha256"))
     what = "snapshot digest" if isinstance(result, SnapshotResult) else "sha256"
@@ -119,6 +157,8 @@ def success_status(obj: Mapping[str, Any], result: FetchResult | SnapshotResult,
         "cache": {"path": relative_path,
                   **({"claimName": target.claim_name} if target.claim_name else {})},
         "conditions": _dump(conditions),
+        # The final figures when this Job downloaded; nothing when the cache already held it.
+        "progress": progress_fields(progress, now) if progress is not None else None,
     }
     if isinstance(result, SnapshotResult):
         if result.facts is not None:
@@ -142,8 +182,12 @@ def failure_status(obj: Mapping[str, Any], error: FetchError, now: datetime | No
         conditions = set_condition(conditions, VERIFIED, ConditionStatus.UNKNOWN,
                                    "NotDownloaded", f"nothing to verify: {message}", generation,
                                    now)
-    return {"phase": ModelVersionPhase.FAILED.value, "observedGeneration": generation,
-            "conditions": _dump(conditions)}
+    status: dict[str, Any] = {"phase": ModelVersionPhase.FAILED.value,
+                              "observedGeneration": generation, "conditions": _dump(conditions)}
+    stopped = stopped_progress(obj, now)
+    if stopped is not None:
+        status["progress"] = stopped
+    return status
 
 
 class StatusReporter:
@@ -156,8 +200,20 @@ class StatusReporter:
     def fetching(self, source: str) -> None:
         self._write(lambda obj: fetching_status(obj, source))
 
-    def succeeded(self, result: FetchResult | SnapshotResult, relative_path: str) -> None:
-        self._write(lambda obj: success_status(obj, result, self._target, relative_path))
+    def succeeded(self, result: FetchResult | SnapshotResult, relative_path: str,
+                  progress: Progress | None = None) -> None:
+        self._write(lambda obj: success_status(obj, result, self._target, relative_path,
+                                               progress=progress))
+
+    def progress(self, progress: Progress) -> None:
+        """A ProgressMeter's sink: one merge patch of status.progress. A failed write is
+        logged and the download goes on; the next report (15 s on) tries again."""
+        try:
+            patch_modelversion_status(self._client, self._target.namespace, self._target.name,
+                                      {"progress": progress_fields(progress)})
+        except KubeError as exc:
+            log.warning("could not write the progress into ModelVersion %s/%s: %s",
+                        self._target.namespace, self._target.name, exc)
 
     def failed(self, error: FetchError) -> None:
         self._write(lambda obj: failure_status(obj, error))

@@ -187,14 +187,25 @@ def _remove_strays(partial: Path, listing: Listing) -> None:
             path.unlink()
 
 
+def _file_present(partial: Path, item: RemoteFile) -> int:
+    for candidate in (partial / item.path, partial / (item.path + PARTIAL_SUFFIX)):
+        if candidate.is_file():
+            return min(candidate.stat().st_size, item.size)
+    return 0
+
+
 def _bytes_present(partial: Path, listing: Listing) -> int:
-    present = 0
+    return sum(_file_present(partial, item) for item in listing.files)
+
+
+def _declare_progress(partial: Path, listing: Listing, options: FetchOptions) -> None:
+    """The whole folder's size is known from the listing: the status shows the snapshot's
+    percentage from the first report, the files already on disk counted as done."""
+    if options.meter is None:
+        return
     for item in listing.files:
-        for candidate in (partial / item.path, partial / (item.path + PARTIAL_SUFFIX)):
-            if candidate.is_file():
-                present += min(candidate.stat().st_size, item.size)
-                break
-    return present
+        options.meter.declare(str(partial / (item.path + PARTIAL_SUFFIX)), item.size,
+                              _file_present(partial, item))
 
 
 def _check_space(partial: Path, listing: Listing, options: FetchOptions, display: str) -> None:
@@ -319,6 +330,7 @@ def _fetch_snapshot_locked(source: DirectorySource, dest_dir: Path, dirname: str
     partial.mkdir(parents=True, exist_ok=True)
     _remove_strays(partial, listing)
     _check_space(partial, listing, options, source.display)
+    _declare_progress(partial, listing, options)
 
     entries: list[ManifestEntry] = []
     resumed = 0

@@ -98,3 +98,11 @@ def update_modelversion_status(
                 raise
     raise KubeError(f"ModelVersion {namespace}/{name}: status kept changing under us "
                     f"({CONFLICT_RETRIES} conflicts)", status=409)
+
+
+def patch_modelversion_status(client: KubeClient, namespace: str, name: str,
+                              status: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge-patch fields of `.status` that only the caller writes (the download progress),
+    without a resourceVersion: nothing it computes depends on what others wrote."""
+    return client.patch_merge(API_VERSION, KIND, namespace, name, {"status": dict(status)},
+                              "status")
