@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from glm_operator.planning.planner import Plan
+from glm_operator.render.ascend import vllm_quantization
 from glm_operator.render.model_family import uses_vllm_glm45_parsers
 
 LLAMA_SERVER = "llama-server"
@@ -154,6 +155,9 @@ def vllm_argv(
         "--kv-cache-dtype", settings.kv_cache_dtype,
         "--dtype", settings.dtype,
     ]  # fmt: skip
+    quantization = vllm_quantization(plan)
+    if quantization is not None:
+        argv += ["--quantization", quantization]
     if uses_vllm_glm45_parsers(plan.request.facts.architecture):
         argv += ["--enable-auto-tool-choice",
                  "--tool-call-parser", VLLM_GLM_PARSER,

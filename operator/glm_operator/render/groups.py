@@ -28,7 +28,7 @@ import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
-from glm_operator.render.ascend import driver_mounts
+from glm_operator.render.ascend import driver_mounts, group_env
 from glm_operator.render.autoscaling import ScaleTarget
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION, plan_hash, pool_labels
 from glm_operator.render.engine_args import (
@@ -216,7 +216,7 @@ class GroupModel:
             "image": engine_image(ctx),
             "command": argv[:1],
             "args": argv[1:],
-            "env": [{"name": k, "value": v} for k, v in env.items()],
+            "env": [*({"name": k, "value": v} for k, v in env.items()), *group_env(ctx.plan)],
             # As the leader's engine: a worker stopped first would fail the group's
             # generations while the leader's gateway drains them.
             "lifecycle": pre_stop_sleep(termination(ctx).engine_wait_seconds),

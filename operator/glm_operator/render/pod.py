@@ -27,6 +27,7 @@ from glm_operator.render.ascend import (
     device_groups,
     driver_mounts,
     driver_volumes,
+    group_env,
     is_ascend,
 )
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
@@ -320,9 +321,10 @@ def engine_resources(ctx: PoolContext) -> dict[str, dict[str, str]]:
     limits = {"cpu": cpu, "memory": memory_quantity(res.memory_limit_bytes)}
     device = res.resource_name
     if device and res.devices:
-        # Extended resources: request must equal limit. On Ascend the device plugin also
-        # injects ASCEND_VISIBLE_DEVICES with the NPUs it allocated (as NVIDIA's does with
-        # NVIDIA_VISIBLE_DEVICES): the pod must not set it itself.
+        # Extended resources: request must equal limit. The device plugin then hands the
+        # container the devices it allocated (on Ascend: the /dev/davinciN nodes, or
+        # ASCEND_VISIBLE_DEVICES for Ascend Docker Runtime; render/ascend.py): the pod
+        # names no device itself.
         requests[device] = limits[device] = str(res.devices)
     overrides = ctx.service.spec.pod_overrides
     if overrides is not None and overrides.resources is not None:
@@ -388,6 +390,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
     lifecycle: dict[str, Any] = pre_stop_sleep(termination(ctx).engine_wait_seconds)
     if any(f"$({POD_NAME_ENV})" in a for a in argv):
         env.insert(0, POD_NAME_VAR)
+    env += group_env(ctx.plan)
     if ctx.plan.vllm is not None and ctx.plan.vllm.pipeline_parallel_size > 1:
         # The leader of a vLLM group: a Ray head in this container (it must see this
         # node's devices), started beside `vllm serve`, whose Ray executor connects to it and
