@@ -255,6 +255,8 @@ def test_glm5_w8a8_on_vllm_ascend_refused_on_one_910b_node_placed_across_two(
     needed, has, short = numbers_of(planned["message"])
     assert 86.6 < needed < 173 and has == 64.0 and short > 0, planned["message"]
     assert "2 nodes x 8 x ascend-910b fits" in planned["message"], planned["message"]
+    # A ModelSlim checkpoint runs on vllm-ascend only: no GPU is proposed for it.
+    assert "nvidia" not in planned["message"], planned["message"]
     assert service_pods(kubectl, ns, "glm5") == []
 
     # The advice applied: one group of two pods, one per 910B node.

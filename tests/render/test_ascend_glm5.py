@@ -4,9 +4,12 @@ vllm-ascend guides expect (render/ascend.py says where each comes from)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from glm_operator.api import GLMService, ModelVersion
+from glm_operator.planning.from_api import plan_request_for
+from glm_operator.planning.planner import plan
 from glm_operator.render.ascend import (
     DEVICE_PLUGIN_ENV,
     DRIVER_PATHS,
@@ -127,3 +130,21 @@ def test_quantizations_other_than_modelslim_s_keep_vllm_s_own_detection() -> Non
     for pod in pod_specs(rendered(bf16, "vllm", nodes=4))[:1]:
         (engine,) = engines(pod)
         assert "--quantization" not in engine["args"]
+
+
+def test_w8a8_is_planned_for_ascend_only_so_no_alternative_sends_it_to_a_gpu() -> None:
+    mv = glm5(W8A8)
+    svc = GLMService.model_validate({
+        "metadata": {"name": "glm5", "namespace": NAMESPACE},
+        "spec": {"modelVersion": mv.metadata.name, "engine": "vllm",
+                 "accelerator": {"profile": "ascend-910b", "count": 8},
+                 "contextLength": 32768, "concurrency": 2, "gateway": {"access": "Open"}},
+    })
+    one_node = plan(plan_request_for(svc, mv))
+    assert not one_node.feasible
+    assert one_node.alternatives, "two nodes of 910B fit"
+    for alternative in one_node.alternatives:
+        assert alternative.plan.profile.vendor == "huawei", alternative.change
+    gpu = plan(replace(plan_request_for(svc, mv), accelerator="nvidia-h200"))
+    assert not gpu.feasible
+    assert "nvidia-h200 cannot run w8a8 (ModelSlim) weights" in gpu.reason, gpu.reason

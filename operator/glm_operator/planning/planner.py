@@ -300,6 +300,11 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
         )
     if q.name in ("fp8",) and not (profile.vendor == "nvidia" and (profile.fp8 or profile.bf16)):
         return f"{profile.name} cannot run fp8 weights"
+    if q.name == "w8a8" and profile.vendor != "huawei":
+        # ModelSlim's format (quant_model_description.json), served by vllm-ascend's own
+        # `--quantization ascend` (render/ascend.py): no CUDA kernel reads it.
+        return (f"{profile.name} cannot run w8a8 (ModelSlim) weights: vllm-ascend serves them, "
+                "on Ascend NPUs; a compressed-tensors W8A8 checkpoint is quantization int8")
     if request.engine == "vllm":
         if facts.head_count % request.count:
             return (
