@@ -9,8 +9,11 @@ through these functions, so the fetcher, the planner and the API agree.
 
 from __future__ import annotations
 
-# Architectures whose GGUF block_count includes the nextn (MTP) layers.
-ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT = frozenset({"glm4moe", "glm-dsa", "deepseek2"})
+# Architectures whose GGUF block_count includes the nextn (MTP) layers (the pinned llama.cpp
+# reads it as n_layer_all, trunk + nextn).
+ARCHITECTURES_WITH_NEXTN_IN_BLOCK_COUNT = frozenset(
+    {"glm4moe", "glm-dsa", "glm5-next", "deepseek2"}
+)
 
 
 def trunk_layers(architecture: str, block_count: int, nextn_layers: int) -> int:

@@ -115,3 +115,29 @@ def test_truncated_real_file(make_gguf: MakeGGUF) -> None:
     data = make_gguf("glm4").read_bytes()[:200]
     with pytest.raises(GGUFFormatError, match="truncated"):
         read_gguf_header(io.BytesIO(data), len(data))
+
+
+def test_nextn_tensor_bytes_and_per_layer_arrays(tmp_path: Path) -> None:
+    """The header reader sums the nextn block's tensor bytes (the pinned llama.cpp skips
+    them) and keeps the architecture's per-layer integer arrays (0 KV heads: a KDA layer)."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "hybrid.gguf"
+    writer = gguf.GGUFWriter(str(path), "glm5-next")
+    writer.add_block_count(3)
+    writer.add_uint32("glm5-next.nextn_predict_layers", 1)
+    writer.add_array("glm5-next.attention.head_count_kv", [0, 1, 1])
+    writer.add_tensor("blk.1.attn_norm.weight", np.ones(64, dtype=np.float32))
+    writer.add_tensor("blk.2.attn_norm.weight", np.ones(64, dtype=np.float32))  # f32: 256 B
+    q8_0 = gguf.GGMLQuantizationType.Q8_0
+    blocks = gguf.quants.quantize(np.ones((4, 64), dtype=np.float32), q8_0)
+    writer.add_tensor("blk.2.ffn_up.weight", blocks, raw_dtype=q8_0)  # 4 x 2 blocks of 34 B
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    facts = read_gguf_file(path)
+    assert facts.nextn_tensor_bytes == 256 + 8 * 34
+    assert facts.arrays == {"glm5-next.attention.head_count_kv": [0, 1, 1]}
+    assert facts.head_count_kv == 1

@@ -271,8 +271,9 @@ def test_glm4moe_gguf_header_block_count_includes_nextn() -> None:
     assert (facts.quantization, facts.weights_bytes) == ("Q4_K_M", 72_000_000_000)
     p = plan(PlanRequest(facts=facts, quantization="Q4_K_M", engine="llamacpp",
                          accelerator="nvidia-h200", context_length=8192))
-    # 47 KV layers x 4096 B = 192_512 B/token; measured weights used as is.
-    assert p.kv_bytes_per_token == 192_512
+    # The pinned llama.cpp caches no KV for the nextn layer: 46 KV layers x 4096 B =
+    # 188_416 B/token; measured weights used as is (the header gave no nextn tensor bytes).
+    assert p.kv_bytes_per_token == 188_416
     assert p.memory.weights == 72_000_000_000 and p.memory.weights_measured
     # -ngl counts the 47 layers plus the output layer.
     assert p.llamacpp is not None and p.llamacpp.n_gpu_layers == 48

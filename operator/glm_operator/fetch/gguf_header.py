@@ -17,6 +17,7 @@ numpy and so a hostile file cannot make it allocate more than the file's own siz
 from __future__ import annotations
 
 import io
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -55,6 +56,17 @@ FILE_TYPE_NAMES: dict[int, str] = {
     37: "TQ2_0", 38: "MXFP4_MOE",
 }
 
+# ggml_type id -> (values per block, bytes per block), from ggml's type traits: what a
+# tensor of a type weighs (the nextn layers' bytes, which the pinned llama.cpp does not load).
+GGML_TYPE_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
+    14: (256, 210), 15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98),
+    19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1),
+    25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}  # fmt: skip
+
 Scalar = int | float | bool | str
 
 
@@ -88,7 +100,12 @@ class GGUFFacts:
     # Where the tensor data starts, and how many bytes of it the file holds (padding included).
     data_offset: int = 0
     tensor_data_bytes: int | None = None
+    # Bytes of the nextn (MTP) layers' tensors (blk.N.* for the last nextn_predict_layers
+    # blocks); None when the file has none or a tensor of a type this reader does not size.
+    nextn_tensor_bytes: int | None = None
     metadata: dict[str, Scalar] = field(default_factory=dict, repr=False)
+    # Small per-layer integer arrays (head_count_kv: 0 marks a recurrent layer; indexer types).
+    arrays: dict[str, list[int]] = field(default_factory=dict, repr=False)
 
     @property
     def file_type_name(self) -> str | None:
@@ -213,13 +230,28 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
         value_type = reader.u32(f"{key} value type")
         values[key] = _read_value(reader, value_type, key)
 
+    architecture = values.get("general.architecture")
+    arch = architecture if isinstance(architecture, str) else None
+    block_count = _as_int(values.get(f"{arch}.block_count")) if arch else None
+    nextn = _as_int(values.get(f"{arch}.nextn_predict_layers")) if arch else None
+    nextn_prefixes = (
+        tuple(f"blk.{i}." for i in range(block_count - nextn, block_count))
+        if block_count and nextn and 0 < nextn <= block_count else ()
+    )
+    nextn_bytes: int | None = 0 if nextn_prefixes else None
     for index in range(tensor_count):
         what = f"tensor info #{index}"
-        reader.skip_string(what)
+        tensor_name = reader.string(what)
         n_dims = reader.u32(what)
         if n_dims > 8:
             raise GGUFFormatError(f"{what}: {n_dims} dimensions is not plausible")
-        reader.skip(8 * n_dims + 4 + 8, what)  # dims, ggml type, data offset
+        if nextn_bytes is not None and tensor_name.startswith(nextn_prefixes):
+            dims = struct.unpack(f"<{n_dims}Q", reader.exact(8 * n_dims, what))
+            ggml_type = reader.u32(what)
+            reader.skip(8, what)  # data offset
+            nextn_bytes = _tensor_bytes(dims, ggml_type, nextn_bytes)
+        else:
+            reader.skip(8 * n_dims + 4 + 8, what)  # dims, ggml type, data offset
 
     alignment = _as_int(values.get("general.alignment")) or DEFAULT_ALIGNMENT
     if alignment <= 0 or alignment & (alignment - 1):
@@ -228,14 +260,14 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
     data_offset = end_of_infos + (-end_of_infos % alignment)
     tensor_data_bytes = max(0, size - data_offset) if size is not None else None
 
-    architecture = values.get("general.architecture")
-    arch = architecture if isinstance(architecture, str) else None
     name = values.get("general.name")
 
     def arch_int(suffix: str) -> int | None:
         return _as_int(values.get(f"{arch}.{suffix}")) if arch else None
 
     metadata = {k: v for k, v in values.items() if isinstance(v, int | float | bool | str)}
+    arrays = {k: v for k, v in values.items()
+              if isinstance(v, list) and arch and k.startswith(f"{arch}.")}
     return GGUFFacts(
         version=version,
         tensor_count=tensor_count,
@@ -258,8 +290,19 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
         alignment=alignment,
         data_offset=data_offset,
         tensor_data_bytes=tensor_data_bytes,
+        nextn_tensor_bytes=nextn_bytes or None,
         metadata=metadata,
+        arrays=arrays,
     )
+
+
+def _tensor_bytes(dims: tuple[int, ...], ggml_type: int, total: int | None) -> int | None:
+    """`total` plus one tensor's bytes; None once a type is unknown (the sum is not known)."""
+    if total is None or ggml_type not in GGML_TYPE_SIZES:
+        return None
+    block, size = GGML_TYPE_SIZES[ggml_type]
+    count = math.prod(dims)
+    return total + count // block * size
 
 
 def read_gguf_file(path: str | os.PathLike[str]) -> GGUFFacts:

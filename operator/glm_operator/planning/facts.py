@@ -83,6 +83,30 @@ class ArchitectureFacts:
     weights_bytes: int | None = None  # measured size of the artifact in `quantization`
     quantization: str | None = None  # what `weights_bytes` was measured for (Q4_K_M, fp8, ...)
     tied_embeddings: bool = False
+    # MLA (glm-dsa, glm5-next, deepseek2): the KV cache holds one latent per token and layer,
+    # kv_lora_rank values plus the rope_dimension_count rotated ones, and no V (GGUF
+    # `attention.kv_lora_rank`, `rope.dimension_count`; HF kv_lora_rank, qk_rope_head_dim).
+    kv_lora_rank: int | None = None
+    rope_dimension_count: int | None = None
+    # DeepSeek sparse attention's lightning indexer (GGUF `attention.indexer.*`): a key cache
+    # of indexer_key_length per token in `indexer_layers` layers (None: every attention
+    # layer), 3 x as wide with k-pool compression (`indexer.kpool`, glm5-next: key, gate and
+    # pooled key per token).
+    indexer_head_count: int | None = None
+    indexer_key_length: int | None = None
+    indexer_kpool: int | None = None
+    indexer_layers: int | None = None
+    # Hybrid models (glm5-next): trunk layers of KDA linear attention, which hold a fixed
+    # recurrent state per sequence instead of KV (GGUF: head_count_kv 0 in the per-layer
+    # array; `kda.head_dim`, `ssm.conv_kernel`).
+    recurrent_layers: int = 0
+    kda_head_dim: int | None = None
+    ssm_conv_kernel: int | None = None
+    # mHC residual streams (GGUF `hyper_connection.count`): the residual is this many x n_embd.
+    hyper_connection_count: int = 0
+    # Bytes of the nextn (MTP) layers' tensors in the measured file (the fetch sums them from
+    # the GGUF tensor infos); the pinned llama.cpp does not load them.
+    nextn_weights_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_count", "embedding_length", "head_count", "head_count_kv"):
@@ -98,10 +122,19 @@ class ArchitectureFacts:
         if self.nextn_predict_layers < 0:
             raise ValueError("nextn_predict_layers must be >= 0")
         for name in ("weights_bytes", "parameter_count", "vocab_size", "key_length",
-                     "value_length", "feed_forward_length", "expert_feed_forward_length"):
+                     "value_length", "feed_forward_length", "expert_feed_forward_length",
+                     "kv_lora_rank", "indexer_key_length", "indexer_kpool", "kda_head_dim",
+                     "ssm_conv_kernel"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 when set, got {value}")
+        if not 0 <= self.recurrent_layers < self.block_count:
+            raise ValueError(
+                f"recurrent_layers ({self.recurrent_layers}) must be >= 0 and leave at least one "
+                f"attention layer of the {self.block_count}"
+            )
+        if self.recurrent_layers and not (self.kda_head_dim and self.ssm_conv_kernel):
+            raise ValueError("recurrent_layers need kda_head_dim and ssm_conv_kernel")
 
     @property
     def head_dim_k(self) -> int:
@@ -112,13 +145,37 @@ class ArchitectureFacts:
         return self.value_length or self.embedding_length // self.head_count
 
     @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
     def n_embd_k_gqa(self) -> int:
-        """K values stored per token per layer (llama.cpp's n_embd_k_gqa)."""
+        """K values stored per token per attention layer (llama.cpp's n_embd_k_gqa).
+
+        MLA: the latent and the rotated dims of one KV head (kv_lora_rank + n_rot)."""
+        if self.kv_lora_rank is not None:
+            return self.kv_lora_rank + (self.rope_dimension_count or 0)
         return self.head_dim_k * self.head_count_kv
 
     @property
     def n_embd_v_gqa(self) -> int:
+        """V values stored per token per attention layer; MLA stores none (V is read from
+        the latent K)."""
+        if self.kv_lora_rank is not None:
+            return 0
         return self.head_dim_v * self.head_count_kv
+
+    @property
+    def attention_layers(self) -> int:
+        """Trunk layers with a KV cache: all but the recurrent (KDA) ones."""
+        return self.block_count - self.recurrent_layers
+
+    @property
+    def indexer_row(self) -> int:
+        """Indexer cache values per token per indexer layer (0 without an indexer)."""
+        if not self.indexer_key_length:
+            return 0
+        return self.indexer_key_length * (3 if (self.indexer_kpool or 0) > 1 else 1)
 
     @property
     def is_moe(self) -> bool:
@@ -135,12 +192,15 @@ class ArchitectureFacts:
 
     @classmethod
     def from_gguf_metadata(
-        cls, metadata: Mapping[str, Any], *, file_size: int | None = None
+        cls, metadata: Mapping[str, Any], *, file_size: int | None = None,
+        nextn_weights_bytes: int | None = None,
     ) -> ArchitectureFacts:
         """Build from GGUF key/value metadata (`general.architecture`, `<arch>.block_count`, ...).
 
         `file_size` is the measured artifact size; it becomes `weights_bytes` for the file's
-        own quantization (from `general.file_type`).
+        own quantization (from `general.file_type`). Per-layer integer arrays may be given as
+        lists (a head_count_kv of 0 marks a recurrent layer); `nextn_weights_bytes` is what
+        the file's nextn layers weigh (the fetch sums their tensor infos).
         """
         arch = str(metadata["general.architecture"])
 
@@ -163,7 +223,17 @@ class ArchitectureFacts:
         nextn = int(key("nextn_predict_layers") or 0)
         block_count = trunk_layers(arch, required("block_count"), nextn)
         head_count = required("attention.head_count")
-        head_count_kv = int(key("attention.head_count_kv") or head_count)
+        kv_heads = key("attention.head_count_kv")
+        recurrent = 0
+        if isinstance(kv_heads, list | tuple):
+            recurrent = sum(1 for n in list(kv_heads)[:block_count] if int(n) == 0)
+            kv_heads = max(kv_heads, default=None)
+        head_count_kv = int(kv_heads or head_count)
+        indexer_types = key("attention.indexer.types")
+        indexer_layers = (
+            sum(1 for t in list(indexer_types)[:block_count] if t)
+            if isinstance(indexer_types, list | tuple) else None
+        )
         vocab = key("vocab_size")
         if vocab is None and "tokenizer.ggml.tokens" in metadata:
             vocab = len(metadata["tokenizer.ggml.tokens"])
@@ -188,4 +258,18 @@ class ArchitectureFacts:
             vocab_size=int(vocab) if vocab else None,
             weights_bytes=file_size,
             quantization=quantization,
+            kv_lora_rank=optional("attention.kv_lora_rank"),
+            rope_dimension_count=(
+                int(key("rope.dimension_count")) if key("rope.dimension_count") is not None
+                else None
+            ),
+            indexer_head_count=optional("attention.indexer.head_count"),
+            indexer_key_length=optional("attention.indexer.key_length"),
+            indexer_kpool=optional("attention.indexer.kpool"),
+            indexer_layers=indexer_layers,
+            recurrent_layers=recurrent,
+            kda_head_dim=optional("kda.head_dim"),
+            ssm_conv_kernel=optional("ssm.conv_kernel"),
+            hyper_connection_count=int(key("hyper_connection.count") or 0),
+            nextn_weights_bytes=nextn_weights_bytes or None,
         )

@@ -117,27 +117,62 @@ def kv_row_bytes(values: int, cache_type: str) -> int:
     return int(per_value * values)
 
 
-def kv_layers(facts: ArchitectureFacts) -> int:
-    """Layers that hold KV cache: the trunk plus the nextn (MTP) layers.
+def kv_layers(facts: ArchitectureFacts, *, nextn: bool = True) -> int:
+    """Layers that hold KV cache: the trunk's attention layers, plus the nextn (MTP) layers
+    when `nextn`.
 
-    Counting the nextn layers is the conservative reading: vLLM with MTP speculative
-    decoding and llama.cpp builds before the MTP work allocate KV for them. The pinned
-    llama.cpp (llama-cpp-python 0.3.36) filters them out of the main context's cache, so for
-    a GLM-4.5 GGUF this overstates KV by 1/(n_layer + 1), about 2 %.
+    Counting the nextn layers is the conservative reading and what vLLM with MTP speculative
+    decoding allocates. The pinned llama.cpp (llama-cpp-python 0.3.36) filters them out of
+    the main context's cache (`il < n_layer()`), so its plans pass `nextn=False`. Recurrent
+    (KDA) layers of a hybrid model hold a fixed state instead (`recurrent_state_bytes`).
     """
-    return facts.block_count + facts.nextn_predict_layers
+    return facts.attention_layers + (facts.nextn_predict_layers if nextn else 0)
+
+
+def indexer_layers(facts: ArchitectureFacts, *, nextn: bool = True) -> int:
+    """Layers with a DSA lightning-indexer key cache: the full-indexer trunk layers (every
+    attention layer unless the GGUF lists them), plus the nextn layers when `nextn`."""
+    if not facts.indexer_row:
+        return 0
+    trunk = facts.indexer_layers if facts.indexer_layers is not None else facts.attention_layers
+    return trunk + (facts.nextn_predict_layers if nextn else 0)
 
 
 def kv_bytes_per_token(
-    facts: ArchitectureFacts, type_k: str, type_v: str, *, kv_heads_share: Fraction = Fraction(1)
+    facts: ArchitectureFacts, type_k: str, type_v: str, *, kv_heads_share: Fraction = Fraction(1),
+    nextn: bool = True,
 ) -> int:
-    """sum over layers of n_embd_k_gqa * bytes(type_k) + n_embd_v_gqa * bytes(type_v).
+    """sum over KV layers of n_embd_k_gqa * bytes(type_k) + n_embd_v_gqa * bytes(type_v),
+    plus the indexer's keys (indexer_row * bytes(type_k) in each indexer layer).
 
-    `kv_heads_share` is the fraction of the KV heads one device holds (tensor parallel).
+    MLA stores K only (the latent, n_embd_v_gqa = 0). `kv_heads_share` is the fraction of
+    the KV heads one device holds (tensor parallel).
     """
     k = kv_row_bytes(facts.n_embd_k_gqa, type_k)
-    v = kv_row_bytes(facts.n_embd_v_gqa, type_v)
-    return int(kv_layers(facts) * (k + v) * kv_heads_share)
+    v = kv_row_bytes(facts.n_embd_v_gqa, type_v) if facts.n_embd_v_gqa else 0
+    attention = kv_layers(facts, nextn=nextn) * (k + v)
+    indexer = (indexer_layers(facts, nextn=nextn) * kv_row_bytes(facts.indexer_row, type_k)
+               if facts.indexer_row else 0)
+    return int((attention + indexer) * kv_heads_share)
+
+
+RECURRENT_STATE_BYTES_PER_VALUE = 4  # llama.cpp keeps the R and S states in f32
+
+
+def recurrent_state_bytes(facts: ArchitectureFacts, sequences: int) -> int:
+    """The fixed state of the recurrent (KDA) layers for `sequences` sequences (slots).
+
+    Per layer and sequence (llama_hparams::n_embd_r / n_embd_s for KDA): the Q, K and V
+    convolution windows, 3 x (d_conv - 1) x n_head x head_dim, and the delta-rule state
+    matrix, head_dim^2 x n_head, in f32, whatever the context length.
+    """
+    if not facts.recurrent_layers:
+        return 0
+    head_dim, conv = facts.kda_head_dim or 0, facts.ssm_conv_kernel or 0
+    r = 3 * (conv - 1) * facts.head_count * head_dim
+    s = head_dim * head_dim * facts.head_count
+    per_sequence = facts.recurrent_layers * (r + s) * RECURRENT_STATE_BYTES_PER_VALUE
+    return per_sequence * max(sequences, 1)
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -161,11 +196,19 @@ class WeightsEstimate:
     basis: str
 
 
-def weights_bytes(facts: ArchitectureFacts, quant: str) -> WeightsEstimate:
-    """Bytes of the weights in `quant`: measured when the facts measured that quantization."""
+def weights_bytes(facts: ArchitectureFacts, quant: str, *, nextn: bool = True) -> WeightsEstimate:
+    """Bytes of the weights in `quant`: measured when the facts measured that quantization.
+
+    `nextn=False` (the pinned llama.cpp, which skips the MTP layers' tensors) leaves out
+    the nextn layers' measured bytes.
+    """
     q = quantization(quant)
     if facts.weights_bytes and facts.quantization and facts.quantization.lower() == quant.lower():
-        return WeightsEstimate(facts.weights_bytes, True, f"measured size of the {q.name} file")
+        skipped = 0 if nextn else (facts.nextn_weights_bytes or 0)
+        basis = f"measured size of the {q.name} file"
+        if skipped:
+            basis += f" less its nextn layers ({skipped / MiB:.1f} MiB, not loaded)"
+        return WeightsEstimate(facts.weights_bytes - skipped, True, basis)
     params = estimated_parameters(facts)
     if params is None:
         raise ValueError(
@@ -217,15 +260,21 @@ def llamacpp_compute_bytes(
 
     - FFN: gate, up and their SwiGLU product (3 x ffn_width, all live at once: the GLU op is
       not done in place) plus about 4 rows of n_embd (the residual stream and n_embd-sized
-      blocks freed earlier that the wider FFN tensors cannot reuse);
+      blocks freed earlier that the wider FFN tensors cannot reuse); with mHC the residual is
+      hyper_connection_count x n_embd wide, one more such block;
     - attention without flash attention: one layer's KQ scores (n_head x n_kv) plus the same
-      4 rows of n_embd. With flash attention the scores never exist (work buffer only).
+      rows of n_embd. With flash attention the scores never exist (work buffer only);
+    - MLA: the absorbed queries, 3 x n_head x (kv_lora_rank + n_rot) (q_nope absorbed, q_pe
+      and their concatenation), plus the rows of n_embd.
 
     On top, live through every layer: the KQ mask input (n_kv x n_tokens, f16 with flash
     attention, f32 without), n_kv being the KV length one sequence attends (the per-slot
-    context, or the whole context with a unified cache); and the f32 logits of the outputs.
+    context, or the whole context with a unified cache); the f32 logits of the outputs; and
+    with a DSA lightning indexer its f32 scores over the n_kv keys and its f16 mask over the
+    keys (glm-dsa) or over the n_kv / kpool pools (glm5-next): (4 + 2 / kpool) bytes per
+    token and key.
     """
-    embd_rows = 4 * facts.embedding_length
+    embd_rows = 4 * facts.embedding_length + facts.hyper_connection_count * facts.embedding_length
     ffn = n_tokens * 4 * (3 * ffn_width(facts) + embd_rows)
     if flash_attention:
         mask = n_tokens * n_kv * 2
@@ -233,8 +282,15 @@ def llamacpp_compute_bytes(
     else:
         mask = n_tokens * n_kv * 4
         attention = n_tokens * 4 * (facts.head_count * n_kv + embd_rows)
+    if facts.is_mla:
+        mla = n_tokens * 4 * (3 * facts.head_count * facts.n_embd_k_gqa + embd_rows)
+        attention = max(attention, mla)
+    indexer = 0
+    if facts.indexer_row:
+        kpool = max(facts.indexer_kpool or 1, 1)
+        indexer = n_tokens * n_kv * 4 + n_tokens * n_kv * 2 // kpool
     logits = n_outputs * vocab_size(facts) * 4
-    return mask + max(ffn, attention) + logits
+    return mask + indexer + max(ffn, attention) + logits
 
 
 def vllm_activation_bytes(

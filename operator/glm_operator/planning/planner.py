@@ -345,9 +345,11 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     per_slot = mem.round_up(request.context_length, LLAMACPP_CTX_PAD)
     ctx_total = per_slot * slots
     n_kv_attended = ctx_total if request.kv_unified else per_slot
-    kv_per_token = mem.kv_bytes_per_token(facts, type_k, type_v)
-    kv_total = kv_per_token * ctx_total
-    weights = mem.weights_bytes(facts, request.quantization)
+    # The pinned llama.cpp neither loads the nextn (MTP) layers nor caches KV for them;
+    # recurrent (KDA) layers hold a fixed state per slot instead of KV.
+    kv_per_token = mem.kv_bytes_per_token(facts, type_k, type_v, nextn=False)
+    kv_total = kv_per_token * ctx_total + mem.recurrent_state_bytes(facts, slots)
+    weights = mem.weights_bytes(facts, request.quantization, nextn=False)
     compute = mem.llamacpp_compute_bytes(
         facts,
         n_tokens=min(ctx_total, LLAMACPP_N_UBATCH),

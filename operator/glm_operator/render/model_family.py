@@ -19,7 +19,7 @@ GLM_STOP_SEQUENCES: tuple[str, ...] = ("<|user|>", "<|observation|>", "<|endofte
 # Architecture names of the GLM chat family, as GGUF headers and the fetch Job spell them
 # (glm4_moe / glm4v_moe: transformers' model_type spelling of the same models).
 GLM_CHAT_ARCHITECTURES = frozenset(
-    {"chatglm", "glm4", "glm4moe", "glm4_moe", "glm-dsa", "glm4v", "glm4v_moe"}
+    {"chatglm", "glm4", "glm4moe", "glm4_moe", "glm-dsa", "glm5-next", "glm4v", "glm4v_moe"}
 )
 
 # vLLM's GLM-4.5+ tool-call and reasoning parsers (vLLM >= 0.10); older GLM-4 checkpoints
