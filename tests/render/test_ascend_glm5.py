@@ -18,7 +18,7 @@ from glm_operator.render.ascend import (
 )
 from glm_operator.render.service import render_service
 
-from render.cases import NAMESPACE, inputs
+from render.cases import NAMESPACE, inputs, multi_node_inputs
 
 # GLM-5 (GlmMoeDsaForCausalLM, GGUF glm-dsa): 78 layers + 1 nextn, hidden 6144, 64 heads,
 # MLA cached as one latent head (kv_lora_rank 512 + rope 64), 744B parameters, 256 experts
@@ -148,3 +148,10 @@ def test_w8a8_is_planned_for_ascend_only_so_no_alternative_sends_it_to_a_gpu() -
     gpu = plan(replace(plan_request_for(svc, mv), accelerator="nvidia-h200"))
     assert not gpu.feasible
     assert "nvidia-h200 cannot run w8a8 (ModelSlim) weights" in gpu.reason, gpu.reason
+
+
+def test_gpu_groups_get_no_hccl_environment() -> None:
+    for pod in pod_specs(render_service(multi_node_inputs("vllm-h100x8x2"))):
+        for c in engines(pod):
+            assert HCCL_IF_IP not in {e["name"] for e in c["env"]}
+            assert "--quantization" not in c["args"]
