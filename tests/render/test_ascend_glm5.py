@@ -155,3 +155,18 @@ def test_gpu_groups_get_no_hccl_environment() -> None:
         for c in engines(pod):
             assert HCCL_IF_IP not in {e["name"] for e in c["env"]}
             assert "--quantization" not in c["args"]
+
+
+def test_an_ascend_vllm_group_renders_no_mtp_speculative_decoding() -> None:
+    """vllm-ascend v0.23.0.post1 refuses MTP speculative decoding with pipeline parallelism
+    (NPUPlatform._validate_pd_pp_mtp_config: "PP+MTP is only supported on PD-disaggregated P
+    nodes"), and a vLLM group spans its nodes by pipeline parallelism: GLM-5's nextn layer must
+    not turn into --speculative-config there, or every group crash-loops at start."""
+    leader = pod_specs(rendered(W8A8, "vllm", nodes=2))[0]
+    (engine,) = engines(leader)
+    assert engine["args"][engine["args"].index("--pipeline-parallel-size") + 1] == "2"
+    speculative = [a for a in engine["args"] if a.startswith("--speculative-config")]
+    assert not speculative, (
+        f"{speculative} with --pipeline-parallel-size 2 on Ascend: vllm-ascend v0.23 refuses "
+        "PP+MTP at start; plan no MTP for a multi-node group on a huawei profile (or refuse "
+        "it with a condition)")
