@@ -54,7 +54,9 @@ OPERATOR_OWNED_ENGINE_FLAGS: tuple[str, ...] = (
     "--api-key", "--api-key-file",
     # vLLM
     "--served-model-name", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
-    "-tp", "--tensor-parallel-size", "--kv-cache-dtype",
+    "-tp", "--tensor-parallel-size", "--kv-cache-dtype", "--cpu-offload-gb",
+    # llama-server's load mode (spec.loadMode)
+    "-lm", "--load-mode", "--mmap", "--no-mmap",
     # multi-node wiring (accelerator.nodes)
     "--rpc", "-pp", "--pipeline-parallel-size", "--distributed-executor-backend",
 )  # fmt: skip
@@ -497,6 +499,18 @@ ACCESS_CONTRADICTS_KEYS = (
 # may predate the access rule (a GLMService stored before spec.gateway.access existed), and
 # the operator reports that (condition OpenAccess) rather than refusing to reconcile it.
 ADMITTED = "admitted"
+# KV cache element types each engine's pinned build takes (llama-server -ctk/-ctv, vLLM
+# --kv-cache-dtype). planning/memory.py sizes them; tests/api checks the two lists agree.
+LLAMACPP_KV_CACHE_TYPES: tuple[str, ...] = (
+    "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+VLLM_KV_CACHE_TYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+KvCacheType = Literal[
+    "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl",
+    "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+MAX_HOST_WEIGHTS_GIB = 4096
+KV_TYPE_FOR_ENGINE = (
+    "kvCacheType must be one the engine takes: llamacpp "
+    + ", ".join(LLAMACPP_KV_CACHE_TYPES) + "; vllm " + ", ".join(VLLM_KV_CACHE_TYPES))
 
 
 class Gateway(SpecModel):
@@ -704,6 +718,62 @@ class Toleration(SpecModel):
     toleration_seconds: int | None = Field(default=None, json_schema_extra={"format": "int64"})
 
 
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
+class LoadMode(StrEnum):
+    """How llama-server reads the GGUF file (spec.loadMode)."""
+
+    MMAP = "mmap"  # --load-mode mmap: mapped from the cache volume, pages shared and reclaimable
+    NO_MMAP = "no-mmap"  # --load-mode none: read into memory the process owns
+
+
+class CpuOffload(SpecModel):
+    """Part of the model kept in host memory, for a model the accelerators cannot hold whole.
+
+    The host memory it takes is planned and requested as the engine container's memory."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.acceleratorLayers) != has(self.hostWeightsGiB)",
+                    "message": "cpuOffload takes exactly one of acceleratorLayers (engine "
+                    "llamacpp) and hostWeightsGiB (engine vllm)",
+                }
+            ]
+        }
+    }
+
+    accelerator_layers: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="llamacpp: layers kept on the accelerators (llama-server --n-gpu-layers), "
+        "counting the model's layers (nextn included) and the output layer as one more; the "
+        "other layers, their weights and their KV cache, run from host memory on the CPU "
+        "(expect a large slowdown). The model's whole count or more offloads nothing. "
+        "`glm-operator plan` and an Infeasible condition give the count that fits.",
+    )
+    host_weights_gib: int | None = Field(
+        default=None,
+        alias="hostWeightsGiB",
+        ge=1,
+        le=MAX_HOST_WEIGHTS_GIB,
+        description="vllm: GiB of each GPU's weights kept in pinned host memory and streamed "
+        "to the GPU on every forward pass (vLLM --cpu-offload-gb; CUDA profiles only). The "
+        "pod's memory request grows by this much per GPU.",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> CpuOffload:
+        if (self.accelerator_layers is None) == (self.host_weights_gib is None):
+            raise ValueError("cpuOffload takes exactly one of acceleratorLayers (engine "
+                             "llamacpp) and hostWeightsGiB (engine vllm)")
+        return self
+
+
 class ResourceOverrides(SpecModel):
     """Container resources merged over the planned ones (accelerator devices excepted)."""
 
@@ -805,6 +875,52 @@ class GLMServiceSpec(SpecModel):
                     "fieldPath": ".longContext.contextLength",
                 },
                 {
+                    "rule": "!has(self.kvCacheType) || !has(self.engine) || "
+                    f"(self.engine == 'vllm' ? self.kvCacheType in {_cel_list(VLLM_KV_CACHE_TYPES)}"
+                    f" : self.kvCacheType in {_cel_list(LLAMACPP_KV_CACHE_TYPES)})",
+                    "message": KV_TYPE_FOR_ENGINE,
+                    "fieldPath": ".kvCacheType",
+                },
+                {
+                    "rule": "!has(self.kvUnified) || !has(self.engine) || self.engine != 'vllm'",
+                    "message": "kvUnified is llama-server's (--kv-unified): engine vllm pages "
+                    "its KV cache across sequences anyway; remove it",
+                    "fieldPath": ".kvUnified",
+                },
+                {
+                    "rule": "!has(self.loadMode) || !has(self.engine) || self.engine != 'vllm'",
+                    "message": "loadMode is llama-server's (--load-mode); engine vllm reads "
+                    "safetensors its own way: remove it",
+                    "fieldPath": ".loadMode",
+                },
+                {
+                    "rule": "!has(self.cpuOffload) || !has(self.cpuOffload.acceleratorLayers) "
+                    "|| !has(self.engine) || self.engine != 'vllm'",
+                    "message": "cpuOffload.acceleratorLayers is llama-server's (--n-gpu-layers);"
+                    " with engine vllm give cpuOffload.hostWeightsGiB (--cpu-offload-gb)",
+                    "fieldPath": ".cpuOffload.acceleratorLayers",
+                },
+                {
+                    "rule": "!has(self.cpuOffload) || !has(self.cpuOffload.hostWeightsGiB) || "
+                    "!has(self.engine) || self.engine != 'llamacpp'",
+                    "message": "cpuOffload.hostWeightsGiB is vLLM's (--cpu-offload-gb); with "
+                    "engine llamacpp give cpuOffload.acceleratorLayers (--n-gpu-layers)",
+                    "fieldPath": ".cpuOffload.hostWeightsGiB",
+                },
+                {
+                    "rule": "!has(self.cpuOffload) || self.accelerator.profile != 'cpu'",
+                    "message": "cpuOffload needs an accelerator: on the cpu profile the whole "
+                    "model is in host memory already",
+                    "fieldPath": ".cpuOffload",
+                },
+                {
+                    "rule": "!has(self.cpuOffload) || !has(self.accelerator.nodes) || "
+                    "self.accelerator.nodes == 1",
+                    "message": "cpuOffload and a multi-node replica (accelerator.nodes above 1) "
+                    "do not combine: spread the model over nodes, or offload on one node",
+                    "fieldPath": ".cpuOffload",
+                },
+                {
                     "rule": "has(self.gateway) && (has(self.gateway.apiKeysSecret) || "
                     "(has(self.gateway.access) && self.gateway.access == 'Open'))",
                     "message": ACCESS_NOT_CHOSEN,
@@ -848,6 +964,31 @@ class GLMServiceSpec(SpecModel):
         le=1024,
         description="Requests decoded at once per replica, each with the full contextLength.",
     )
+    kv_cache_type: KvCacheType | None = Field(
+        default=None,
+        description="Element type of the KV cache, K and V alike. llamacpp: f16 (default), "
+        "q8_0 (about half of f16), q4_0 (about a quarter), or f32, bf16, q5_1, q5_0, q4_1, "
+        "iq4_nl; a quantized V cache needs flash attention, which the operator turns on "
+        "(a profile without it refuses the quantized types). vllm: auto (the model's dtype, "
+        "default) or fp8, fp8_e4m3, fp8_e5m2 (profiles with fp8). Applies to every pool.",
+    )
+    kv_unified: bool | None = Field(
+        default=None,
+        description="llamacpp: one KV buffer shared by every slot (--kv-unified) instead of "
+        "one per slot (default false). Planned memory is the same; each request then "
+        "attends over the whole buffer, which widens the compute buffer.",
+    )
+    load_mode: LoadMode | None = Field(
+        default=None,
+        description="llamacpp: mmap (default) maps the GGUF file from the cache volume; "
+        "no-mmap reads it into the engine's own memory (on the cpu profile both are "
+        "counted in the pod's memory).",
+    )
+    cpu_offload: CpuOffload | None = Field(
+        default=None,
+        description="Keep part of the model in host memory when the accelerators cannot "
+        "hold it (one node per replica; not on the cpu profile). Applies to every pool.",
+    )
     replicas: int | None = Field(
         default=None,
         ge=0,
@@ -869,7 +1010,8 @@ class GLMServiceSpec(SpecModel):
             "Extra engine arguments, one argv element each. Flags the operator plans or owns "
             "(model, host, port, context size, GPU layers, slots, KV cache type, threads, "
             "tensor parallel size, max model len, max num seqs, GPU memory utilization, API "
-            "keys) are refused."
+            "keys, load mode, CPU offload) are refused: kvCacheType, kvUnified, loadMode and "
+            "cpuOffload are fields."
         ),
         json_schema_extra={
             "items": {"maxLength": 256},
@@ -912,6 +1054,7 @@ class GLMServiceSpec(SpecModel):
             raise ValueError("replicas and autoscaling are mutually exclusive: set one")
         if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
             raise ValueError("engine vllm does not run on the cpu accelerator profile")
+        self._engine_settings_fit_the_engine()
         long_context = self.long_context
         if long_context is not None and long_context.enabled and (
             long_context.accelerator or self.accelerator
@@ -931,6 +1074,32 @@ class GLMServiceSpec(SpecModel):
                 f"than contextLength ({self.context_length})"
             )
         return self
+
+    def _engine_settings_fit_the_engine(self) -> None:
+        """The CEL rules on kvCacheType, kvUnified, loadMode and cpuOffload, mirrored."""
+        engine, kv, offload = self.engine, self.kv_cache_type, self.cpu_offload
+        if kv is not None and engine is not None and kv not in (
+                VLLM_KV_CACHE_TYPES if engine == Engine.VLLM else LLAMACPP_KV_CACHE_TYPES):
+            raise ValueError(f"kvCacheType {kv} with engine {engine}: {KV_TYPE_FOR_ENGINE}")
+        if engine == Engine.VLLM and self.kv_unified is not None:
+            raise ValueError("kvUnified is llama-server's (--kv-unified): remove it with "
+                             "engine vllm")
+        if engine == Engine.VLLM and self.load_mode is not None:
+            raise ValueError("loadMode is llama-server's (--load-mode): remove it with "
+                             "engine vllm")
+        if offload is None:
+            return
+        if engine == Engine.VLLM and offload.accelerator_layers is not None:
+            raise ValueError("cpuOffload.acceleratorLayers is llama-server's: with engine "
+                             "vllm give cpuOffload.hostWeightsGiB")
+        if engine == Engine.LLAMACPP and offload.host_weights_gib is not None:
+            raise ValueError("cpuOffload.hostWeightsGiB is vLLM's: with engine llamacpp give "
+                             "cpuOffload.acceleratorLayers")
+        if self.accelerator.profile == CPU_PROFILE:
+            raise ValueError("cpuOffload needs an accelerator: not on the cpu profile")
+        if self.accelerator.nodes != 1:
+            raise ValueError("cpuOffload and a multi-node replica (accelerator.nodes above 1) "
+                             "do not combine")
 
     @property
     def effective_replicas(self) -> int:

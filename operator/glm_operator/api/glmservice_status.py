@@ -131,6 +131,8 @@ class VllmPlan(StatusModel):
     dtype: str | None = None
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     kv_cache_tokens: NonNegativeInt64 | None = None
+    cpu_offload_gb: int | None = Field(
+        default=None, ge=0, description="--cpu-offload-gb: GiB of weights per GPU in host RAM.")
 
 
 class PlanNodeShare(StatusModel):

@@ -142,6 +142,18 @@ def model_versions_of(body: Obj, index: kopf.Index[Key, Cached],
     return found
 
 
+def namespace_model_versions(index: kopf.Index[Key, Cached], namespace: str) -> dict[str, Obj]:
+    """Every ModelVersion of the namespace. Read only when a plan does not fit, for advice
+    that points spec.modelVersion at another version of the model (a smaller quantization):
+    it walks the whole index, which an ordinary reconcile never does."""
+    found = {}
+    for ns, name in copied(index):
+        entries = copied(index.get((ns, name)) or ()) if ns == namespace else []
+        if entries:
+            found[name] = thaw(entries[0])
+    return found
+
+
 def namespace_objects(index: kopf.Index[Key, Cached], namespace: str,
                       mentioning: str) -> dict[str, Obj]:
     """The namespace's objects whose JSON holds the string `mentioning` (a name their spec

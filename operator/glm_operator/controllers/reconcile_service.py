@@ -28,6 +28,7 @@ from glm_operator.controllers.indexes import (
     children,
     lookup,
     model_versions_of,
+    namespace_model_versions,
 )
 from glm_operator.controllers.reconcile import emit, in_turn, namespace_terminating, retry_later
 from glm_operator.controllers.runtime import Runtime, runtime
@@ -107,7 +108,9 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
         service, model_versions_of(body, indexes["modelversions"], namespace), observed,
         rt.config, rt.profiles, capabilities, now=now,
         analysis=canary_analysis(rt.config, service, now), long_context_activity=activity,
-        secrets=secrets)
+        secrets=secrets,
+        namespace_model_versions=lambda: namespace_model_versions(indexes["modelversions"],
+                                                                  namespace))
     corrected: list[str] = []
     sync_children(rt.kube, body["metadata"]["uid"], decision.desired, live, rt.optional,
                   decision.retained, corrected)

@@ -14,7 +14,7 @@ write the conditions (decide/conditions.py) from what was decided and rendered.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -132,12 +132,13 @@ def decide_service(
     analysis: AnalysisResult | None = None,
     long_context_activity: ActivityReading | None = None,
     secrets: SecretsObserved = UNOBSERVED,
+    namespace_model_versions: Callable[[], Mapping[str, Obj]] | None = None,
 ) -> ServiceDecision:
     """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
     rollout, choose what runs, render it, promote, and report."""
     now = now or datetime.now(UTC)
     previous = service.status
-    versions = plan_versions(service, model_versions, profiles)
+    versions = plan_versions(service, model_versions, profiles, namespace_model_versions)
     wanted = versions.wanted
     events: list[Event] = []
     if wanted.plan_problem and wanted.plan_problem[0] == "Infeasible":

@@ -11,7 +11,7 @@ ModelVersion is gone cannot be planned or rendered: its live pods are kept as th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from glm_operator.api import ADMITTED, GLMService, ModelVersion
 from glm_operator.api.glmservice import GLMServiceSpec
+from glm_operator.decide.advice import infeasible_message
 from glm_operator.decide.rollout import RolloutDecision
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
@@ -29,6 +30,7 @@ from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL
 
 Obj = dict[str, Any]
 Problem = tuple[str, str]  # (reason, message)
+Siblings = Callable[[], Mapping[str, Obj]]
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,17 @@ class Versions:
 
 
 def plan_versions(service: GLMService, model_versions: Mapping[str, Obj],
-                  profiles: Mapping[str, AcceleratorProfile]) -> Versions:
+                  profiles: Mapping[str, AcceleratorProfile],
+                  namespace_model_versions: Siblings | None = None) -> Versions:
+    """`namespace_model_versions` lists the namespace's ModelVersions, read only when the
+    wanted version's plan does not fit (its advice may name another of them)."""
     wanted = service.spec.model_version
     stable = service.status.stable_model_version
     rolling = bool(stable) and stable != wanted
     stable_service = _stable_service(service, service.status.stable_spec) if rolling else service
     return Versions(
-        wanted=_plan_version(service, wanted, model_versions, profiles),
+        wanted=_plan_version(service, wanted, model_versions, profiles,
+                             namespace_model_versions),
         service=service,
         stable_name=stable,
         stable=(_plan_version(stable_service, stable, model_versions, profiles)
@@ -89,7 +95,8 @@ def plan_versions(service: GLMService, model_versions: Mapping[str, Obj],
 
 
 def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, Obj],
-                  profiles: Mapping[str, AcceleratorProfile]) -> VersionPlan:
+                  profiles: Mapping[str, AcceleratorProfile],
+                  namespace_model_versions: Siblings | None = None) -> VersionPlan:
     body = model_versions.get(name)
     if body is None:
         problem = ("ModelVersionNotFound",
@@ -123,7 +130,10 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
     plan_problem = None
     for pool, candidate in ((MAIN_POOL, main), (LONG_CONTEXT_POOL, long_plan)):
         if candidate is not None and not candidate.feasible:
-            plan_problem = ("Infeasible", _infeasible_message(pool, candidate))
+            siblings = (namespace_model_versions() if namespace_model_versions
+                        else model_versions)
+            plan_problem = ("Infeasible", infeasible_message(
+                pool, candidate, service, mv, _parsed(siblings), profiles))
             break
     return VersionPlan(name, mv, main, long_plan, model_problem, plan_problem)
 
@@ -146,15 +156,14 @@ def _model_problem(name: str, mv: ModelVersion) -> Problem | None:
     return None
 
 
-def _infeasible_message(pool: str, p: Plan) -> str:
-    message = f"{pool} pool does not fit: {p.reason}"
-    if p.alternatives:
-        options = "; ".join(
-            f"{a.change} fits with {a.headroom_bytes / 2**30:.1f} GiB headroom"
-            for a in p.alternatives[:4]
-        )
-        message += f". Nearest that fit: {options}"
-    return message
+def _parsed(model_versions: Mapping[str, Obj]) -> list[ModelVersion]:
+    parsed = []
+    for body in model_versions.values():
+        try:
+            parsed.append(ModelVersion.model_validate(body))
+        except ValidationError:
+            continue
+    return parsed
 
 
 def _stable_service(service: GLMService, frozen: Mapping[str, Any] | None) -> GLMService:

@@ -13,15 +13,21 @@ facts already mean trunk layers (Hugging Face `num_hidden_layers`).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from glm_operator.api.glmservice import ADMITTED, GLMService, GLMServiceSpec, LoadMode
 from glm_operator.api.glmservice import Engine as ApiEngine
-from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelFacts as ApiModelFacts
 from glm_operator.api.modelversion import ModelFormat, ModelVersion
 from glm_operator.layers import trunk_layers
+from glm_operator.planning.accelerators import PROFILES, AcceleratorProfile
 from glm_operator.planning.facts import ArchitectureFacts
-from glm_operator.planning.planner import PlanRequest
+from glm_operator.planning.planner import Alternative, Plan, PlanRequest, plan
 
 FactsSource = Literal["measured", "declared"]
 _REQUIRED = ("architecture", "block_count", "embedding_length", "head_count", "context_length")
@@ -123,6 +129,7 @@ def plan_request_for(
             raise ValueError(f"GLMService {service.metadata.name}: longContext is not enabled")
         accelerator = pool.accelerator or spec.accelerator
         context_length, concurrency = pool.context_length, pool.concurrency
+    offload = spec.cpu_offload
     return PlanRequest(
         facts=model_facts_for(model_version),
         quantization=quantization,
@@ -132,5 +139,177 @@ def plan_request_for(
         nodes=accelerator.nodes,
         context_length=context_length,
         concurrency=concurrency,
+        kv_cache_type=spec.kv_cache_type,
+        kv_unified=bool(spec.kv_unified),
         long_context=long_context,
+        mmap=spec.load_mode != LoadMode.NO_MMAP,
+        gpu_layers=offload.accelerator_layers if offload else None,
+        cpu_offload_gib=(offload.host_weights_gib or 0) if offload else 0,
     )
+
+
+# --- advice that can be applied ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AppliedAlternative:
+    """An alternative of an infeasible plan as the merge patch of the GLMService that applies
+    it; the patched service was planned again (every pool) and fits."""
+
+    alternative: Alternative
+    patch: dict[str, Any]
+
+    def command(self, service: GLMService) -> str:
+        body = json.dumps(self.patch, separators=(",", ":"), sort_keys=True)
+        return (f"kubectl patch glms {service.metadata.name} -n {service.metadata.namespace} "
+                f"--type merge -p '{body}'")
+
+
+def _accelerator_patch(spec: GLMServiceSpec, settings: Mapping[str, Any],
+                       long_context: bool) -> dict[str, Any]:
+    changed = {key: settings[name] for name, key in
+               (("accelerator", "profile"), ("count", "count"), ("nodes", "nodes"))
+               if name in settings}
+    if not changed:
+        return {}
+    if not long_context:
+        return {"accelerator": changed}
+    pool = spec.long_context
+    if pool is not None and pool.accelerator is not None:
+        return {"longContext": {"accelerator": changed}}
+    # The pool shares spec.accelerator: give it its own, so the main pool stays as it is.
+    own = spec.accelerator.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"longContext": {"accelerator": {**own, **changed}}}
+
+
+def spec_patch(service: GLMService, settings: Mapping[str, Any],
+               long_context: bool = False) -> dict[str, Any] | None:
+    """The JSON merge patch ({"spec": ...}) that asks for the PlanRequest fields `settings`,
+    for the main pool or the long-context pool; None when one of them has no GLMService field
+    (the quantization belongs to the ModelVersion)."""
+    spec = service.spec
+    patch: dict[str, Any] = _accelerator_patch(spec, settings, long_context)
+    pool_fields = {"context_length": "contextLength", "concurrency": "concurrency"}
+    for name, value in settings.items():
+        if name in ("accelerator", "count", "nodes"):
+            continue
+        if name in pool_fields:
+            if long_context:
+                patch.setdefault("longContext", {})[pool_fields[name]] = value
+            else:
+                patch[pool_fields[name]] = value
+        elif name == "kv_cache_type":
+            patch["kvCacheType"] = value
+        elif name == "gpu_layers":
+            patch["cpuOffload"] = None if value is None else {"acceleratorLayers": value}
+        elif name == "cpu_offload_gib":
+            patch["cpuOffload"] = {"hostWeightsGiB": value} if value else None
+        else:
+            return None
+    if "cpuOffload" in patch and patch["cpuOffload"] is not None and spec.cpu_offload:
+        # Merge patch merges objects: drop the other form explicitly.
+        other = ("hostWeightsGiB" if "acceleratorLayers" in patch["cpuOffload"]
+                 else "acceleratorLayers")
+        patch["cpuOffload"][other] = None
+    return {"spec": patch}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _patched(service: GLMService, patch: dict[str, Any]) -> GLMService | None:
+    """The service with the patch applied, if the API's rules (mirrored by the pydantic
+    types) admit it."""
+    body = service.model_dump(by_alias=True, mode="json", exclude_none=True)
+    try:
+        return GLMService.model_validate(merge_patch(body, patch), context={ADMITTED: True})
+    except ValidationError:
+        return None
+
+
+def _fits(service: GLMService, model_version: ModelVersion,
+          profiles: Mapping[str, AcceleratorProfile]) -> bool:
+    pool = service.spec.long_context
+    pools = (False, True) if pool is not None and pool.enabled else (False,)
+    try:
+        return all(plan(plan_request_for(service, model_version, long_context=lc), profiles,
+                        with_alternatives=False).feasible for lc in pools)
+    except ValueError:  # ModelFactsUnknown, PlanInputError, unknown profile
+        return False
+
+
+def applicable_alternatives(
+    service: GLMService, model_version: ModelVersion, infeasible: Plan,
+    model_versions: Sequence[ModelVersion] = (),
+    profiles: Mapping[str, AcceleratorProfile] | None = None,
+) -> tuple[list[AppliedAlternative], list[Alternative]]:
+    """The infeasible plan's alternatives as patches that make the whole service fit, and
+    those that no patch of the GLMService applies (a quantization with no ModelVersion in
+    the namespace, a change that another pool or an API rule refuses)."""
+    catalog = PROFILES if profiles is None else profiles
+    long_context = infeasible.request.long_context
+    applied: list[AppliedAlternative] = []
+    left: list[Alternative] = []
+    for alternative in infeasible.alternatives:
+        settings = alternative.settings
+        if set(settings) == {"quantization"}:
+            found = _other_version(service, model_version, settings["quantization"],
+                                   model_versions, catalog)
+            if found is not None:
+                applied.append(AppliedAlternative(alternative, found))
+            else:
+                left.append(alternative)
+            continue
+        patch = spec_patch(service, settings, long_context)
+        patched = _patched(service, patch) if patch is not None else None
+        if patch is not None and patched is not None and _fits(patched, model_version,
+                                                                catalog):
+            applied.append(AppliedAlternative(alternative, patch))
+        else:
+            left.append(alternative)
+    return applied, left
+
+
+def _other_version(service: GLMService, model_version: ModelVersion, quantization: str,
+                   model_versions: Sequence[ModelVersion],
+                   profiles: Mapping[str, AcceleratorProfile]) -> dict[str, Any] | None:
+    """A patch onto another ModelVersion of the same model in that quantization, if one in
+    the namespace makes the service fit."""
+    try:
+        facts = model_facts_for(model_version)
+    except ModelFactsUnknown:
+        return None
+    for other in model_versions:
+        name = other.metadata.name
+        if not name or name == model_version.metadata.name:
+            continue
+        quant = _quantization(other)
+        if quant is None or quant.lower() != quantization.lower():
+            continue
+        try:
+            same = _same_model(facts, model_facts_for(other))
+        except ModelFactsUnknown:
+            continue
+        patch = {"spec": {"modelVersion": name}}
+        patched = _patched(service, patch) if same else None
+        if patched is not None and _fits(patched, other, profiles):
+            return patch
+    return None
+
+
+def _same_model(a: ArchitectureFacts, b: ArchitectureFacts) -> bool:
+    return all(getattr(a, k) == getattr(b, k) for k in _SAME_MODEL)
+
+
+_SAME_MODEL = ("architecture", "block_count", "embedding_length", "head_count",
+               "head_count_kv", "context_length")

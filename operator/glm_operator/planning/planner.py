@@ -55,7 +55,11 @@ class PlanRequest:
     kv_unified: bool = False  # llama.cpp: one KV buffer all slots share
     long_context: bool = False  # the overflow pool: one request at a time by default
     mmap: bool = True  # llama.cpp load mode
-    allow_partial_offload: bool = False  # llama.cpp: keep some layers in host RAM
+    allow_partial_offload: bool = False  # llama.cpp: keep the layers that do not fit in host RAM
+    # llama.cpp: exactly this many layers (-ngl, output layer included) on the accelerators,
+    # the rest in host RAM (spec.cpuOffload.acceleratorLayers). None: all, or as many as fit.
+    gpu_layers: int | None = None
+    cpu_offload_gib: int = 0  # vLLM: GiB of weights per GPU in pinned host RAM (--cpu-offload-gb)
     node_memory_bytes: int | None = None  # CPU profile: RAM a replica may use (overrides)
     cpu_cores: int | None = None  # CPU profile: cores a replica may use (overrides)
 
@@ -70,6 +74,10 @@ class PlanRequest:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.engine not in ("llamacpp", "vllm"):
             raise ValueError(f"engine must be llamacpp or vllm, got {self.engine!r}")
+        if self.gpu_layers is not None and self.gpu_layers < 1:
+            raise ValueError(f"gpu_layers must be >= 1, got {self.gpu_layers}")
+        if self.cpu_offload_gib < 0:
+            raise ValueError(f"cpu_offload_gib must be >= 0, got {self.cpu_offload_gib}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,7 @@ class VllmSettings:
     max_num_batched_tokens: int
     kv_cache_tokens: int  # what the KV budget holds at this utilization (all GPUs together)
     pipeline_parallel_size: int = 1  # one stage per node
+    cpu_offload_gb: int = 0  # --cpu-offload-gb: GiB of weights per GPU kept in host RAM
 
 
 @dataclass(frozen=True)
@@ -288,8 +297,21 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
         return "a CPU replica has count 1"
     if profile.is_cpu and request.nodes != 1:
         return "a CPU replica runs on one node (nodes 1): multi-node needs accelerators"
-    if request.nodes > 1 and request.allow_partial_offload:
+    offloads = (request.allow_partial_offload or request.gpu_layers is not None
+                or request.cpu_offload_gib > 0)
+    if request.nodes > 1 and offloads:
         return "partial CPU offload and a multi-node replica do not combine"
+    if profile.is_cpu and (request.gpu_layers is not None or request.cpu_offload_gib > 0):
+        return "cpuOffload needs an accelerator: on the cpu profile the model is in host RAM"
+    if request.engine == "llamacpp" and request.cpu_offload_gib > 0:
+        return ("cpuOffload.hostWeightsGiB is vLLM's (--cpu-offload-gb): with llama.cpp give "
+                "cpuOffload.acceleratorLayers")
+    if request.engine == "vllm" and request.gpu_layers is not None:
+        return ("cpuOffload.acceleratorLayers is llama.cpp's (--n-gpu-layers): with vLLM give "
+                "cpuOffload.hostWeightsGiB")
+    if request.engine == "vllm" and request.cpu_offload_gib > 0 and profile.vendor != "nvidia":
+        return (f"vLLM's CPU weight offload (--cpu-offload-gb, UVA) is built for CUDA; "
+                f"{profile.name} is a {profile.vendor} profile: remove cpuOffload")
     if request.engine == "vllm" and request.nodes > facts.block_count:
         return (f"{request.nodes} pipeline stages (nodes) exceed the model's "
                 f"{facts.block_count} layers")
@@ -322,15 +344,22 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
     if request.engine == "llamacpp":
         kv_type = request.kv_cache_type or "f16"
         if kv_type not in mem.LLAMACPP_KV_TYPES:
-            return f"llama.cpp KV cache type must be one of {', '.join(mem.LLAMACPP_KV_TYPES)}"
+            return (f"kvCacheType {kv_type} is not a llama.cpp KV cache type: llama.cpp takes "
+                    f"{', '.join(mem.LLAMACPP_KV_TYPES)}")
         if kv_type == "bf16" and not profile.bf16:
             return f"{profile.name} has no bf16: use f16 or q8_0 for the KV cache"
+        if kv_type not in _UNQUANTIZED_KV and not profile.flash_attention:
+            return (f"{profile.name} has no flash attention, which llama.cpp needs for a "
+                    f"quantized V cache: kvCacheType {kv_type} is refused (use f16)")
     elif (request.kv_cache_type or "auto") not in mem.VLLM_KV_TYPES:
-        return f"vLLM kv_cache_dtype must be one of {', '.join(mem.VLLM_KV_TYPES)}"
+        return (f"kvCacheType {request.kv_cache_type} is not a vLLM KV cache dtype: vLLM takes "
+                f"{', '.join(mem.VLLM_KV_TYPES)}")
     return None
 
 
 # ---------------------------------------------------------------- llama.cpp
+
+_UNQUANTIZED_KV = ("f16", "f32", "bf16")
 
 
 def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
@@ -410,15 +439,19 @@ def _plan_llamacpp(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         )
         n_gpu_layers = units  # every layer and the output layer
         host_weights = 0
-        if breakdown.headroom < 0 and request.allow_partial_offload:
+        if request.gpu_layers is not None and request.gpu_layers < units:
+            n_gpu_layers = request.gpu_layers
+            breakdown, host_weights = _offload_at(
+                breakdown, weights.bytes, kv_total, n_layers, count, n_gpu_layers)
+        elif breakdown.headroom < 0 and request.allow_partial_offload:
             n_gpu_layers, breakdown, host_weights = _partial_offload(
                 breakdown, weights.bytes, kv_total, n_layers, count
             )
-            if n_gpu_layers < units:
-                warnings.append(
-                    f"{units - n_gpu_layers} of {units} layers run on the CPU: "
-                    "expect a large slowdown"
-                )
+        if n_gpu_layers < units:
+            warnings.append(
+                f"{units - n_gpu_layers} of {units} layers run on the CPU: "
+                "expect a large slowdown"
+            )
         threads = cores if n_gpu_layers < units else min(LLAMACPP_GPU_THREADS, cores)
         cache_ram = LLAMACPP_PROMPT_CACHE_MIB_GPU
         host_request = HOST_PROCESS_BYTES + cache_ram * MiB + host_weights + compute // 4
@@ -522,15 +555,24 @@ def _partial_offload(
 ) -> tuple[int, MemoryBreakdown, int]:
     """The most layers (of n_layers + output) that fit; the rest stay in host RAM."""
     units = n_layers + 1
-    fixed = full.compute + full.overhead + full.reserved
     for ngl in range(units - 1, -1, -1):
-        per_device = -(-ngl // count) if ngl else 0
-        on_gpu_weights = weights * per_device // units
-        on_gpu_kv = kv_total * min(per_device, n_layers) // n_layers
-        if fixed + on_gpu_weights + on_gpu_kv <= full.available or ngl == 0:
-            host = weights * (units - ngl) // units + kv_total * (units - ngl) // units
-            return ngl, replace(full, weights=on_gpu_weights, kv=on_gpu_kv), host
+        on_gpu, host = _offload_at(full, weights, kv_total, n_layers, count, ngl)
+        if on_gpu.headroom >= 0 or ngl == 0:
+            return ngl, on_gpu, host
     raise AssertionError("unreachable")
+
+
+def _offload_at(
+    full: MemoryBreakdown, weights: int, kv_total: int, n_layers: int, count: int, ngl: int
+) -> tuple[MemoryBreakdown, int]:
+    """`ngl` of the n_layers + output units on the devices: the most loaded device's
+    breakdown, and the host RAM the other units' weights and KV take."""
+    units = n_layers + 1
+    per_device = -(-ngl // count) if ngl else 0
+    on_gpu_weights = weights * per_device // units
+    on_gpu_kv = kv_total * min(per_device, n_layers) // n_layers
+    host = weights * (units - ngl) // units + kv_total * (units - ngl) // units
+    return replace(full, weights=on_gpu_weights, kv=on_gpu_kv), host
 
 
 def mem_breakdown(
@@ -576,8 +618,10 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         facts, max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, max_num_seqs=seqs, tp=tp
     )
     overhead = profile.runtime_overhead_bytes + (mem.VLLM_TP_COMMUNICATION_BYTES if tp > 1 else 0)
+    gpu_weights = int(weights.bytes * stage_share) // tp
+    offload = request.cpu_offload_gib * GiB  # --cpu-offload-gb: weights per GPU in host RAM
     breakdown = mem_breakdown(
-        weights=int(weights.bytes * stage_share) // tp,
+        weights=max(0, gpu_weights - offload),
         kv=kv_needed,
         compute=activation + mem.VLLM_CUDA_GRAPH_BYTES,
         overhead=overhead,
@@ -601,8 +645,12 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS,
         kv_cache_tokens=int(kv_tokens),
         pipeline_parallel_size=pp,
+        cpu_offload_gb=request.cpu_offload_gib,
     )
-    host = 4 * GiB + 2 * GiB * tp
+    if offload:
+        warnings.append(f"{request.cpu_offload_gib} GiB of weights per GPU are streamed from "
+                        "host RAM on every forward pass: expect a large slowdown")
+    host = 4 * GiB + 2 * GiB * tp + offload * tp  # pinned host copies, one per GPU
     resources = Resources(
         cpu_request=float(2 + 2 * tp),
         memory_request_bytes=host,
@@ -613,6 +661,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         memory_note=(
             "safetensors are read through page cache (reclaimable) and copied to the devices: "
             "host RAM = API server + one worker per GPU"
+            + (" + the offloaded weights of every GPU (pinned)" if offload else "")
         ),
     )
     per_node: tuple[NodeShare, ...] = ()
@@ -631,6 +680,10 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         )
     result = _finish(request, profile, breakdown, kv_per_token, weights, resources,
                      warnings, vllm=settings)
+    if offload >= gpu_weights:
+        return replace(result, per_node=per_node, feasible=False, reason=(
+            f"cpuOffload.hostWeightsGiB {request.cpu_offload_gib} is not below the "
+            f"{gib(gpu_weights)} GiB of weights per GPU: vLLM would keep no layer on the GPU"))
     return replace(result, per_node=per_node)
 
 
@@ -691,16 +744,23 @@ def _multi_node_alternative(
     request: PlanRequest, profile: AcceleratorProfile, attempt: Any
 ) -> None:
     """One node cannot hold the replica: the fewest full nodes that can (a replica becomes a
-    group of pods, one per node)."""
-    if profile.is_cpu or request.allow_partial_offload:
+    group of pods, one per node, without CPU offload). The long-context pool runs on one node
+    per replica (it wakes from zero), so it gets none."""
+    if profile.is_cpu or request.allow_partial_offload or request.long_context:
         return
+    no_offload: dict[str, Any] = {}
+    if request.gpu_layers is not None:
+        no_offload["gpu_layers"] = None
+    if request.cpu_offload_gib:
+        no_offload["cpu_offload_gib"] = 0
     counts = [c for c in range(profile.max_devices_per_node, 0, -1)
               if request.engine != "vllm" or _vllm_tp_ok(request.facts, c)]
     if not counts:
         return
     count = counts[0]
     for nodes in range(max(2, request.nodes + 1), MAX_NODES + 1):
-        if attempt(f"{nodes} nodes x {count} x {profile.name}", nodes=nodes, count=count):
+        if attempt(f"{nodes} nodes x {count} x {profile.name}", nodes=nodes, count=count,
+                   **no_offload):
             return
 
 
@@ -773,11 +833,31 @@ def _alternatives(
             break
 
     if request.engine == "llamacpp" and not profile.is_cpu and not request.allow_partial_offload:
-        partial = _plan_one(replace(request, allow_partial_offload=True), profile)
+        # The most layers that fit, as the exact count spec.cpuOffload.acceleratorLayers takes.
+        partial = _plan_one(replace(request, allow_partial_offload=True, gpu_layers=None),
+                            profile)
         settings = partial.llamacpp
         if partial.feasible and settings and settings.n_gpu_layers > 0:
             layers = facts.block_count + facts.nextn_predict_layers + 1
-            found.append(Alternative(
-                f"partial CPU offload ({settings.n_gpu_layers}/{layers} layers on the GPU)",
-                {"allow_partial_offload": True}, partial.memory.headroom, partial))
+            attempt(f"partial CPU offload ({settings.n_gpu_layers}/{layers} layers on the GPU)",
+                    gpu_layers=settings.n_gpu_layers)
+    if request.engine == "vllm" and profile.vendor == "nvidia":
+        _vllm_offload_alternative(request, profile, attempt)
     return found
+
+
+def _vllm_offload_alternative(
+    request: PlanRequest, profile: AcceleratorProfile, attempt: Any
+) -> None:
+    """The fewest whole GiB of weights per GPU that, kept in host RAM (--cpu-offload-gb),
+    let the rest fit."""
+    current = _plan_one(request, profile)
+    if current.vllm is None or current.memory.headroom >= 0:
+        return
+    short = -(current.memory.headroom // GiB)  # whole GiB short, rounded up
+    on_gpu = current.memory.weights // GiB
+    for extra in range(short, min(short + 4, on_gpu)):
+        gib_total = request.cpu_offload_gib + extra
+        if attempt(f"CPU offload of {gib_total} GiB of weights per GPU",
+                   cpu_offload_gib=gib_total):
+            return

@@ -45,6 +45,9 @@ def plan_hash(plan: Plan) -> str:
             del llamacpp["rpc_workers"]
         if vllm is not None:
             del vllm["pipeline_parallel_size"]
+    # Likewise CPU offload, which only spec.cpuOffload turns on.
+    if vllm is not None and not vllm["cpu_offload_gb"]:
+        del vllm["cpu_offload_gb"]
     return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -155,6 +155,8 @@ def vllm_argv(
         "--kv-cache-dtype", settings.kv_cache_dtype,
         "--dtype", settings.dtype,
     ]  # fmt: skip
+    if settings.cpu_offload_gb:  # only when spec.cpuOffload asks: vLLM's default is 0
+        argv += ["--cpu-offload-gb", str(settings.cpu_offload_gb)]
     quantization = vllm_quantization(plan)
     if quantization is not None:
         argv += ["--quantization", quantization]

@@ -1,0 +1,43 @@
+"""The message of an Infeasible plan: why it does not fit, and each nearest configuration that
+does as the `kubectl patch` that applies it (pure).
+
+Every printed patch was applied to the service offline (the API's rules, mirrored by the
+pydantic types) and the patched service planned again, every pool: what the message offers
+is what fits. An alternative no patch of the GLMService applies (a quantization with no
+ModelVersion of it in the namespace) is named as such, without a command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from glm_operator.api import GLMService, ModelVersion
+from glm_operator.planning.accelerators import AcceleratorProfile
+from glm_operator.planning.from_api import applicable_alternatives
+from glm_operator.planning.planner import Plan, gib
+
+MAX_PATCHES = 8
+
+
+def infeasible_message(pool: str, p: Plan, service: GLMService, model_version: ModelVersion,
+                       model_versions: Sequence[ModelVersion] = (),
+                       profiles: Mapping[str, AcceleratorProfile] | None = None) -> str:
+    message = f"{pool} pool does not fit: {p.reason}"
+    applied, left = applicable_alternatives(service, model_version, p, model_versions,
+                                            profiles)
+    if applied:
+        options = "; ".join(
+            f"{a.alternative.change} fits with {gib(a.alternative.headroom_bytes)} GiB "
+            f"headroom: {a.command(service)}"
+            for a in applied[:MAX_PATCHES])
+        message += f". Nearest that fit, each applied by its patch: {options}"
+    quantizations = [a for a in left if set(a.settings) == {"quantization"}]
+    if quantizations:
+        a = quantizations[0]
+        change = a.change[:1].upper() + a.change[1:]
+        message += (f". {change} would fit with {gib(a.headroom_bytes)} GiB headroom, but "
+                    "the quantization is the ModelVersion's: create a "
+                    "ModelVersion of that file and point spec.modelVersion at it")
+    if not applied and not quantizations:
+        message += ". No nearby configuration fits"
+    return message
