@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from glm_operator.api import ADMITTED, GLMService, ModelVersion
 from glm_operator.api.glmservice import GLMServiceSpec
 from glm_operator.decide.advice import infeasible_message
+from glm_operator.decide.cache_placement import cache_placement_problem
 from glm_operator.decide.rollout import RolloutDecision
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
@@ -135,6 +136,8 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
             plan_problem = ("Infeasible", infeasible_message(
                 pool, candidate, service, mv, _parsed(siblings), profiles))
             break
+    if plan_problem is None:
+        plan_problem = cache_placement_problem(service, mv, main, long_plan)
     return VersionPlan(name, mv, main, long_plan, model_problem, plan_problem)
 
 

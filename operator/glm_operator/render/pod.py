@@ -32,7 +32,7 @@ from glm_operator.render.ascend import (
 )
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
 from glm_operator.render.model_family import stop_sequences
-from glm_operator.render.names import dns_name, pool_selector
+from glm_operator.render.names import VERSION_LABEL, dns_name, label_value, pool_selector
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
 
 MODEL_MOUNT = "/models"
@@ -544,6 +544,24 @@ def node_affinity(plan: Plan) -> dict[str, Any] | None:
         "nodeSelectorTerms": [{"matchExpressions": expressions}]}}}
 
 
+def cache_affinity(ctx: PoolContext) -> dict[str, Any] | None:
+    """A ReadWriteOnce cache is mounted by one node: every pod of the version (any pool, any
+    service in the namespace) goes where the version's pods already run.
+
+    Required pod affinity on kubernetes.io/hostname with the pods carrying the version's
+    label, which the real kube-scheduler honours as it is: the first pod, matching its own
+    term with no other pod to follow, may land on any node (the scheduler's rule for a pod
+    that satisfies its own affinity), the rest on its node. Pinning to the node the fetch Job
+    ran on would not do: that pod is gone once Succeeded (the scheduler does not see finished
+    pods), and a network volume (EBS, PD) attaches wherever the first consumer lands.
+    Multi-node groups with such a cache are refused before rendering
+    (decide/cache_placement.py)."""
+    if ctx.model_version.spec.cache.access_mode != "ReadWriteOnce" or ctx.plan.request.nodes > 1:
+        return None
+    return {"labelSelector": {"matchLabels": {VERSION_LABEL: label_value(ctx.version)}},
+            "topologyKey": HOSTNAME_TOPOLOGY}
+
+
 def tolerations(ctx: PoolContext) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [t.to_dict() for t in ctx.plan.profile.tolerations]
     overrides = ctx.service.spec.pod_overrides
@@ -595,6 +613,13 @@ def placement(ctx: PoolContext) -> dict[str, Any]:
         out["nodeSelector"] = dict(overrides.node_selector)
     affinity = (copy.deepcopy(overrides.affinity)  # never hand out the input's own dict
                 if overrides is not None and overrides.affinity else node_affinity(ctx.plan))
+    pinned = cache_affinity(ctx)
+    if pinned is not None:  # added to the user's own affinity, never replaced by it
+        affinity = dict(affinity or {})
+        pod_affinity = dict(affinity.get("podAffinity") or {})
+        required = "requiredDuringSchedulingIgnoredDuringExecution"
+        pod_affinity[required] = [*(pod_affinity.get(required) or []), pinned]
+        affinity["podAffinity"] = pod_affinity
     if affinity:
         out["affinity"] = affinity
     tol = tolerations(ctx)
