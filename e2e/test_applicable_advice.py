@@ -15,12 +15,31 @@ import json
 import re
 import shlex
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from e2e.kubectl import Kubectl
-from e2e.operator_fixtures import OperatorProcess, glm_crds, operator, report_fetched
+import pytest
+from glm_operator.api import GLMService, ModelVersion
+from glm_operator.planning.from_api import plan_request_for
+from glm_operator.planning.planner import plan as make_plan
+from glm_operator.render.engine_args import engine_argv
 
-__all__ = ["glm_crds", "operator"]  # fixtures used by name
+from e2e.conftest import in_ci
+from e2e.kubectl import Kubectl
+from e2e.llama import http_json
+from e2e.llama_fixtures import (
+    LoadReport,
+    facts_of,
+    llama_binary,
+    rendered_argv,
+    start_rendered,
+)
+from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.operator_fixtures import OperatorProcess, glm_crds, operator, report_fetched
+from e2e.ports import free_port
+from e2e.vllm_cli import VLLM_VERSION, VllmEnvError, ensure_vllm, parse_with_vllm
+
+__all__ = ["glm_crds", "llama_binary", "operator"]  # fixtures used by name
 
 Wait = Callable[..., Any]
 SERVICE_LABEL = "glm-operator.dev/service"
@@ -198,3 +217,82 @@ def test_vllm_advice_applied_as_printed(
     for patch, _, argv in results:
         if "cpuOffload" not in patch["spec"]:
             assert "--cpu-offload-gb" not in argv
+
+
+@pytest.mark.llama
+def test_the_fields_argv_runs_on_the_pinned_llama_server(
+        llama_binary: Path, tmp_path: Path) -> None:
+    """kvCacheType, kvUnified, loadMode and cpuOffload as a GLMService sets them, planned for
+    an A10 and rendered, started on the pinned llama-server (CPU build: -ngl has no device
+    to fill, every other setting applies): it takes every flag, serves a chat, and its load
+    log shows the KV types and the unified cache asked for."""
+    spec = TinyLlamaSpec(n_ctx_train=4096, n_layer=4, n_embd=256, n_head=4, n_head_kv=2,
+                         n_ff=512, dtype="f16", name="advice-argv")
+    model = write_tiny_llama(tmp_path / "advice.gguf", spec)
+    facts = facts_of(model)
+    mv = ModelVersion.model_validate({
+        "metadata": {"name": "tiny", "namespace": "ns"},
+        "spec": {"source": {"uri": "hf://org/tiny/advice.gguf?revision=main"}, "format": "gguf",
+                 "quantization": "F16", "cache": {"size": "1Gi"},
+                 "facts": {"architecture": facts.architecture, "blockCount": facts.block_count,
+                           "embeddingLength": facts.embedding_length,
+                           "headCount": facts.head_count, "headCountKv": facts.head_count_kv,
+                           "contextLength": facts.context_length,
+                           "sizeBytes": model.stat().st_size}},
+    })
+    svc = GLMService.model_validate(service(
+        "tiny", modelVersion="tiny", engine="llamacpp", accelerator={"profile": "nvidia-a10"},
+        contextLength=1024, concurrency=2, kvCacheType="q4_0", kvUnified=True,
+        loadMode="no-mmap", cpuOffload={"acceleratorLayers": 3}))
+    svc.metadata.namespace = "ns"
+    p = make_plan(plan_request_for(svc, mv))
+    assert p.feasible, p.reason
+    port = free_port()
+    argv = rendered_argv(p, model, port, "tiny")
+    assert flag(argv, "--cache-type-k") == flag(argv, "--cache-type-v") == "q4_0"
+    assert (flag(argv, "--flash-attn"), flag(argv, "--n-gpu-layers")) == ("on", "3")
+    assert flag(argv, "--load-mode") == "none" and "--kv-unified" in argv
+    with start_rendered(argv, port, llama_binary, tmp_path) as server:
+        status, body = http_json(server.url + "/v1/chat/completions", {
+            "model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2, "temperature": 0}, timeout=120)
+        assert status == 200, body
+        report = LoadReport.parse(server.log_text())
+    assert (report.type_k, report.type_v) == ("q4_0", "q4_0")
+    assert report.context["kv_unified"] == "true"
+    assert report.context["flash_attn"] == "enabled"
+    assert report.kv_streams == 1
+
+
+def test_the_fields_vllm_argv_is_what_the_pinned_vllm_reads() -> None:
+    """kvCacheType fp8 and cpuOffload.hostWeightsGiB, planned for an H200 and rendered, read by
+    the pinned vLLM's own command line into the engine's arguments."""
+    try:
+        python = ensure_vllm()
+    except VllmEnvError as exc:
+        message = f"vllm=={VLLM_VERSION} could not be installed: {exc}"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    mv = ModelVersion.model_validate({
+        "metadata": {"name": "glm4-32b-bf16", "namespace": "ns"},
+        **{k: v for k, v in model_version("glm4-32b-bf16", "safetensors", "bf16",
+                                           GLM4_32B_FACTS, "70Gi").items() if k == "spec"}})
+    cases = {}
+    for name, extra in (("fp8-offload", {"kvCacheType": "fp8",
+                                         "cpuOffload": {"hostWeightsGiB": 6}}),
+                        ("auto-no-offload", {"kvCacheType": "auto"})):
+        svc = GLMService.model_validate(service(
+            name, modelVersion="glm4-32b-bf16", engine="vllm",
+            accelerator={"profile": "nvidia-h200"}, **extra))
+        p = make_plan(plan_request_for(svc, mv))
+        assert p.feasible, p.reason
+        cases[name] = engine_argv(p, "/models/glm4-32b", 8000, name)
+    parsed = parse_with_vllm(python, cases)
+    assert parsed["vllm"] == VLLM_VERSION
+    for name in cases:
+        assert parsed["results"][name]["ok"], parsed["results"][name]["error"]
+    offloaded = parsed["results"]["fp8-offload"]["engine_args"]
+    assert (offloaded["kv_cache_dtype"], offloaded["cpu_offload_gb"]) == ("fp8", 6)
+    plain = parsed["results"]["auto-no-offload"]["engine_args"]
+    assert (plain["kv_cache_dtype"], plain["cpu_offload_gb"]) == ("auto", 0)
