@@ -4,7 +4,8 @@ into a real ModelVersion on the local API server with the Job's own narrow Servi
 While bytes arrive, `status.progress` holds bytes done and total, the rate and the ETA, and
 `kubectl get mv` prints them in the Progress column. A fetch killed half-way (a pod lost) and
 run again continues from its `.partial` with a Range request, and its first report already
-counts the bytes on disk as done.
+counts the bytes on disk as done. With the operator running, a GLMService waiting on the
+version repeats the summary in its ModelReady message.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from e2e.fetch_helpers import (
 )
 from e2e.fetch_servers import ModelFileServer, serve
 from e2e.kubectl import Kubectl
+from e2e.operator_fixtures import OperatorProcess, glm_crds, operator
 from e2e.test_fetch_status import (  # noqa: F401  (the CRD fixture)
     GROUP,
     _fetch_job_identity,
     _modelversion,
     modelversion_crd,
 )
+
+__all__ = ["glm_crds", "operator"]  # fixtures used by name
 
 PAYLOAD_MIB = 4
 RATE = 384 * 1024  # bytes/s: the 4 MiB take about 11 s
@@ -230,3 +234,40 @@ def test_a_snapshot_reports_the_whole_folder_with_the_files_on_disk_done(
     final = status["progress"]
     assert (final["doneBytes"], final["totalBytes"], final["resumedBytes"]) == (
         total, total, present)
+
+
+def test_a_service_waiting_on_the_download_repeats_its_progress_in_model_ready(
+    operator: OperatorProcess, kubectl: Kubectl, namespace: str,
+    slow_server: ModelFileServer, model: Path, tmp_path: Path, wait_for: Callable[..., Any],
+) -> None:
+    """With the operator running: the real fetch reports into the ModelVersion, and the
+    GLMService that waits on it says how far the download is in its ModelReady message."""
+    kubectl.apply(_modelversion("watched", f"{slow_server.url}/{model.name}",
+                                sha256_of(model), "glm4"), namespace=namespace)
+    kubectl.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "GLMService",
+                   "metadata": {"name": "waiting"},
+                   "spec": {"modelVersion": "watched", "engine": "llamacpp",
+                            "accelerator": {"profile": "cpu", "count": 1},
+                            "contextLength": 4096, "concurrency": 1, "replicas": 1,
+                            "gateway": {"access": "Open"}}}, namespace=namespace)
+    api = _fetch_job_identity(kubectl, namespace, "watched", tmp_path)
+    process = _start_fetch(slow_server, model, api, "watched", tmp_path / "cache")
+    try:
+        def model_ready() -> dict[str, Any] | None:
+            obj = kubectl.get_json(f"glmservices.{GROUP}", "waiting", "-n", namespace)
+            cond = next((c for c in obj.get("status", {}).get("conditions", [])
+                         if c["type"] == "ModelReady"), None)
+            return cond if cond and re.search(r"Downloading \d+% ", cond["message"]) else None
+        cond = wait_for(model_ready, timeout=60,
+                        what="the GLMService's ModelReady message with the download's progress")
+        assert (cond["status"], cond["reason"]) == ("False", "ModelVersionNotReady")
+        assert re.fullmatch(r"ModelVersion 'watched' is Fetching \(Downloading \d+% "
+                            r"[\d.]+/4\.0Mi( \d+KiB/s ETA \d+s)?\): waiting for the fetch Job "
+                            r"to download and verify it", cond["message"]), cond
+    finally:
+        slow_server.bytes_per_second = None
+        out = _finish(process)
+    wait_for(lambda: next((c for c in kubectl.get_json(
+        f"glmservices.{GROUP}", "waiting", "-n", namespace)["status"]["conditions"]
+        if c["type"] == "ModelReady" and c["status"] == "True"), None),
+        timeout=60, what="ModelReady=True once the fetch reported Ready: " + out[-300:])
