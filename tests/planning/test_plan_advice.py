@@ -223,11 +223,25 @@ def test_offload_is_dropped_by_a_multi_node_patch() -> None:
     # cpuOffload, which the API refuses beside nodes > 1.
     mv = copy.deepcopy(HF_MV)
     mv["spec"]["facts"]["parameterCount"] = 1_000_000_000_000
+    mv["spec"]["cache"]["accessMode"] = "ReadWriteMany"  # every node of a group mounts it
     svc = manifest(mv, engine="vllm", accelerator={"profile": "nvidia-h200", "count": 8},
                    cpuOffload={"hostWeightsGiB": 4})
     patches = assert_every_patch_fits(svc, mv)
     multi = [p for p in patches if p["spec"].get("accelerator", {}).get("nodes")]
     assert multi and all(p["spec"]["cpuOffload"] is None for p in multi), patches
+
+
+def test_no_patch_trades_infeasible_for_a_cache_one_node_cannot_share() -> None:
+    # The same model on a ReadWriteOnce cache: one node mounts it, so a group of nodes could
+    # never load it (CacheNotShareable); the multi-node alternative is no advice there.
+    mv = copy.deepcopy(HF_MV)
+    mv["spec"]["facts"]["parameterCount"] = 1_000_000_000_000
+    svc = manifest(mv, engine="vllm", accelerator={"profile": "nvidia-h200", "count": 8})
+    service, model = GLMService.model_validate(svc), ModelVersion.model_validate(mv)
+    infeasible = plan(plan_request_for(service, model))
+    assert any("nodes" in a.settings for a in infeasible.alternatives)
+    message = infeasible_message("main", infeasible, service, model)
+    assert all("nodes" not in p["spec"].get("accelerator", {}) for p in patches_in(message))
 
 
 def test_long_context_pool_patches_touch_only_that_pool() -> None:

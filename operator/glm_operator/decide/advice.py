@@ -2,8 +2,9 @@
 does as the `kubectl patch` that applies it (pure).
 
 Every printed patch was applied to the service offline (the API's rules, mirrored by the
-pydantic types) and the patched service planned again, every pool: what the message offers
-is what fits. An alternative no patch of the GLMService applies (a quantization with no
+pydantic types) and the patched service planned again, every pool, and its pods placed on
+the one node of a ReadWriteOnce cache (decide/cache_placement.py): what the message offers
+is what fits and runs. An alternative no patch of the GLMService applies (a quantization with no
 ModelVersion of it in the namespace) is named as such, without a command.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from glm_operator.api import GLMService, ModelVersion
+from glm_operator.decide.cache_placement import cache_placement_problem
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import applicable_alternatives
 from glm_operator.planning.planner import Plan, gib
@@ -19,12 +21,19 @@ from glm_operator.planning.planner import Plan, gib
 MAX_PATCHES = 8
 
 
+def _cache_placeable(service: GLMService, model_version: ModelVersion, main: Plan,
+                     long_context: Plan | None) -> bool:
+    """A patch must not trade Infeasible for CacheNotShareable (more devices or nodes than
+    the one node of a ReadWriteOnce cache)."""
+    return cache_placement_problem(service, model_version, main, long_context) is None
+
+
 def infeasible_message(pool: str, p: Plan, service: GLMService, model_version: ModelVersion,
                        model_versions: Sequence[ModelVersion] = (),
                        profiles: Mapping[str, AcceleratorProfile] | None = None) -> str:
     message = f"{pool} pool does not fit: {p.reason}"
     applied, left = applicable_alternatives(service, model_version, p, model_versions,
-                                            profiles)
+                                            profiles, _cache_placeable)
     if applied:
         options = "; ".join(
             f"{a.alternative.change} fits with {gib(a.alternative.headroom_bytes)} GiB "

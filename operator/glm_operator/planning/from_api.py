@@ -14,7 +14,7 @@ facts already mean trunk layers (Hugging Face `num_hidden_layers`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -237,21 +237,30 @@ def _patched(service: GLMService, patch: dict[str, Any]) -> GLMService | None:
         return None
 
 
+# A further judgement on a patched service, with its plans (main, long-context or None):
+# decide/ adds what the planner does not see (a ReadWriteOnce cache that pins to one node).
+Acceptable = Callable[[GLMService, ModelVersion, Plan, "Plan | None"], bool]
+
+
 def _fits(service: GLMService, model_version: ModelVersion,
-          profiles: Mapping[str, AcceleratorProfile]) -> bool:
+          profiles: Mapping[str, AcceleratorProfile], acceptable: Acceptable | None) -> bool:
     pool = service.spec.long_context
-    pools = (False, True) if pool is not None and pool.enabled else (False,)
     try:
-        return all(plan(plan_request_for(service, model_version, long_context=lc), profiles,
-                        with_alternatives=False).feasible for lc in pools)
+        main = plan(plan_request_for(service, model_version), profiles, with_alternatives=False)
+        lc = (plan(plan_request_for(service, model_version, long_context=True), profiles,
+                   with_alternatives=False) if pool is not None and pool.enabled else None)
     except ValueError:  # ModelFactsUnknown, PlanInputError, unknown profile
         return False
+    if not main.feasible or (lc is not None and not lc.feasible):
+        return False
+    return acceptable is None or acceptable(service, model_version, main, lc)
 
 
 def applicable_alternatives(
     service: GLMService, model_version: ModelVersion, infeasible: Plan,
     model_versions: Sequence[ModelVersion] = (),
     profiles: Mapping[str, AcceleratorProfile] | None = None,
+    acceptable: Acceptable | None = None,
 ) -> tuple[list[AppliedAlternative], list[Alternative]]:
     """The infeasible plan's alternatives as patches that make the whole service fit, and
     those that no patch of the GLMService applies (a quantization with no ModelVersion in
@@ -264,7 +273,7 @@ def applicable_alternatives(
         settings = alternative.settings
         if set(settings) == {"quantization"}:
             found = _other_version(service, model_version, settings["quantization"],
-                                   model_versions, catalog)
+                                   model_versions, catalog, acceptable)
             if found is not None:
                 applied.append(AppliedAlternative(alternative, found))
             else:
@@ -273,7 +282,7 @@ def applicable_alternatives(
         patch = spec_patch(service, settings, long_context)
         patched = _patched(service, patch) if patch is not None else None
         if patch is not None and patched is not None and _fits(patched, model_version,
-                                                                catalog):
+                                                                catalog, acceptable):
             applied.append(AppliedAlternative(alternative, patch))
         else:
             left.append(alternative)
@@ -282,7 +291,8 @@ def applicable_alternatives(
 
 def _other_version(service: GLMService, model_version: ModelVersion, quantization: str,
                    model_versions: Sequence[ModelVersion],
-                   profiles: Mapping[str, AcceleratorProfile]) -> dict[str, Any] | None:
+                   profiles: Mapping[str, AcceleratorProfile],
+                   acceptable: Acceptable | None) -> dict[str, Any] | None:
     """A patch onto another ModelVersion of the same model in that quantization, if one in
     the namespace makes the service fit."""
     try:
@@ -302,7 +312,7 @@ def _other_version(service: GLMService, model_version: ModelVersion, quantizatio
             continue
         patch = {"spec": {"modelVersion": name}}
         patched = _patched(service, patch) if same else None
-        if patched is not None and _fits(patched, other, profiles):
+        if patched is not None and _fits(patched, other, profiles, acceptable):
             return patch
     return None
 
