@@ -7,6 +7,8 @@ is refused with a condition before any pod waits.
   and least-allocated scoring) puts them on different nodes; with it, on one;
 - more replicas than that node's GPUs: Planned=False (CacheNotShareable) with the numbers,
   and the two running replicas stay as they are;
+- a node the replicas fill has no room for a rolling update's surge pod: the pods are
+  replaced one at a time there, and the update completes;
 - a multi-node group (accelerator.nodes 2) with that cache: Planned=False, and no pod,
   StatefulSet or LeaderWorkerSet is created at all; the same service with a ReadWriteMany
   cache is rendered.
@@ -84,6 +86,36 @@ def test_replicas_with_a_rwo_cache_land_on_one_node_and_too_many_are_refused(
     assert "ReadWriteMany" in message
     pods_after = _pods(kubectl, ns, name)
     assert len(pods_after) == 2, [p["metadata"]["name"] for p in pods_after]
+
+
+def test_an_update_on_a_full_pinned_node_replaces_pods_in_place(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    """2 replicas x 4 GPUs fill the A100 node the cache pins them to: a surge pod could never
+    be placed there, so the Deployment replaces its pods one at a time, and the update ends."""
+    ns, name = namespace, "rwo-full"
+    deploy_model(kubectl, ns, RWO_MV, wait_for)
+    kubectl.apply(_service(name, "glm4-rwo",
+                           accelerator={"profile": "nvidia-a100-80gb", "count": 4}),
+                  namespace=ns)
+    wait_condition(kubectl, ns, name, "Ready", "True", wait_for, timeout=120)
+    (deployment,) = kubectl.items("deployments", "-n", ns, "-l", f"{SERVICE_LABEL}={name}")
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0,
+                                                               "maxUnavailable": 1}
+    before = {p["metadata"]["name"] for p in _pods(kubectl, ns, name)}
+    node = {p["spec"]["nodeName"] for p in _pods(kubectl, ns, name)}
+    assert len(before) == 2 and len(node) == 1
+
+    kubectl("patch", "glmservice", name, "-n", ns, "--type=merge", "-p",
+            json.dumps({"spec": {"contextLength": 4096}}))  # a new pod template
+
+    def replaced() -> list[dict[str, Any]] | None:
+        pods = _pods(kubectl, ns, name)
+        fresh = [p for p in pods if p["metadata"]["name"] not in before
+                 and p["spec"].get("nodeName") and p["status"].get("phase") == "Running"]
+        return fresh if len(fresh) == 2 and len(pods) == 2 else None
+    fresh = wait_for(replaced, timeout=120, what="both replicas replaced on the pinned node")
+    assert {p["spec"]["nodeName"] for p in fresh} == node
+    wait_condition(kubectl, ns, name, "Ready", "True", wait_for, timeout=120)
 
 
 def test_a_multi_node_group_with_a_rwo_cache_is_refused_and_never_pending(

@@ -101,3 +101,23 @@ def test_a_multi_node_group_with_a_rwo_cache_is_refused_before_any_pod() -> None
     decision = decide(svc, [mv])
     assert cond(decision, "Planned").status == "True"
     assert [o for o in decision.desired if o["kind"] == "StatefulSet"]
+
+
+def _strategy(deployment: dict[str, Any]) -> dict[str, Any]:
+    update: dict[str, Any] = deployment["spec"]["strategy"]["rollingUpdate"]
+    return update
+
+
+def test_a_pinned_pool_surges_only_where_the_node_has_room() -> None:
+    # 3 of the a10 node's 4 GPUs: a surge pod fits beside them
+    mv, svc = _a10(replicas=3)
+    (deployment,) = deployments(decide(svc, [mv]).desired)
+    assert _strategy(deployment) == {"maxSurge": 1, "maxUnavailable": 0}
+    # 4 of 4: a surge pod would wait forever on the pinned node; replaced one at a time
+    mv, svc = _a10(replicas=4)
+    (deployment,) = deployments(decide(svc, [mv]).desired)
+    assert _strategy(deployment) == {"maxSurge": 0, "maxUnavailable": 1}
+    # a shared cache is not pinned: the usual surge, whatever the count
+    mv, svc = _a10("ReadWriteMany", replicas=4)
+    (deployment,) = deployments(decide(svc, [mv]).desired)
+    assert _strategy(deployment) == {"maxSurge": 1, "maxUnavailable": 0}

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from glm_operator.planning.planner import Plan
+from glm_operator.render.cache_node import rolling_update
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.names import common_labels, dns_name, pool_selector
@@ -91,6 +92,8 @@ def build_deployment(ctx: PoolContext, owner: dict[str, Any] | None) -> dict[str
         # The rollout waits for a slow model load before calling the Deployment stuck.
         progress_deadline_seconds=startup_seconds(ctx) + 600,
         selector=pool_selector(ctx.service_name, ctx.version, ctx.pool),
+        # In place (no surge) where a ReadWriteOnce cache's one node has no room for a surge.
+        rolling_update=rolling_update(ctx.service, ctx.model_version, ctx.plan),
         pod_labels=pod_labels,
         pod_annotations=pod_annotations,
         pod_spec=pod_spec(ctx),
