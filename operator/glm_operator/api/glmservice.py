@@ -508,6 +508,13 @@ KvCacheType = Literal[
     "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl",
     "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 MAX_HOST_WEIGHTS_GIB = 4096
+QUANTIZED_KV_CACHE_TYPES = tuple(t for t in LLAMACPP_KV_CACHE_TYPES if t.startswith(("q", "iq")))
+# engineArgs that turn llama-server's flash attention off (RE2 and Python alike, over the
+# arguments joined by spaces).
+FLASH_ATTENTION_OFF = "(^| )(-fa|--flash-attn)[ =](off|false|0)( |$)"
+FLASH_ATTENTION_NEEDED = (
+    "engineArgs turn flash attention off, which llama.cpp needs for the quantized V cache "
+    "kvCacheType asks for: remove the flag (the operator turns it on)")
 KV_TYPE_FOR_ENGINE = (
     "kvCacheType must be one the engine takes: llamacpp "
     + ", ".join(LLAMACPP_KV_CACHE_TYPES) + "; vllm " + ", ".join(VLLM_KV_CACHE_TYPES))
@@ -882,6 +889,13 @@ class GLMServiceSpec(SpecModel):
                     "fieldPath": ".kvCacheType",
                 },
                 {
+                    "rule": "!has(self.kvCacheType) || !(self.kvCacheType in "
+                    f"{_cel_list(QUANTIZED_KV_CACHE_TYPES)}) || !has(self.engineArgs) || "
+                    f"!self.engineArgs.join(' ').matches('{FLASH_ATTENTION_OFF}')",
+                    "message": FLASH_ATTENTION_NEEDED,
+                    "fieldPath": ".engineArgs",
+                },
+                {
                     "rule": "!has(self.kvUnified) || !has(self.engine) || self.engine != 'vllm'",
                     "message": "kvUnified is llama-server's (--kv-unified): engine vllm pages "
                     "its KV cache across sequences anyway; remove it",
@@ -1081,6 +1095,9 @@ class GLMServiceSpec(SpecModel):
         if kv is not None and engine is not None and kv not in (
                 VLLM_KV_CACHE_TYPES if engine == Engine.VLLM else LLAMACPP_KV_CACHE_TYPES):
             raise ValueError(f"kvCacheType {kv} with engine {engine}: {KV_TYPE_FOR_ENGINE}")
+        if (kv in QUANTIZED_KV_CACHE_TYPES and self.engine_args
+                and re.search(FLASH_ATTENTION_OFF, " ".join(self.engine_args))):
+            raise ValueError(FLASH_ATTENTION_NEEDED)
         if engine == Engine.VLLM and self.kv_unified is not None:
             raise ValueError("kvUnified is llama-server's (--kv-unified): remove it with "
                              "engine vllm")
