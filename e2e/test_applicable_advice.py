@@ -43,6 +43,7 @@ __all__ = ["glm_crds", "llama_binary", "operator"]  # fixtures used by name
 
 Wait = Callable[..., Any]
 SERVICE_LABEL = "glm-operator.dev/service"
+POOL_LABEL = "glm-operator.dev/pool"
 PATCH = re.compile(r"kubectl patch glms \S+ -n \S+ --type merge -p '\{[^']*\}'")
 API = "serving.glm-operator.dev/v1alpha1"
 
@@ -100,12 +101,15 @@ def proposed_patches(kubectl: Kubectl, ns: str, name: str, wait_for: Wait) -> li
     return commands
 
 
-def engine_args(kubectl: Kubectl, ns: str, name: str, wait_for: Wait) -> list[str]:
-    """The engine container's argv in the rendered Deployment, once its pods exist."""
-    selector = f"{SERVICE_LABEL}={name}"
+def engine_args(kubectl: Kubectl, ns: str, name: str, wait_for: Wait,
+                pool: str = "main") -> list[str]:
+    """The engine container's argv in the pool's rendered Deployment, once the main pool's
+    pods exist (a long-context pool sleeps at zero replicas)."""
+    selector = f"{SERVICE_LABEL}={name},{POOL_LABEL}={pool}"
     deployments = wait_for(lambda: kubectl.items("deployments", "-n", ns, "-l", selector),
-                           timeout=90, what=f"the Deployment of {name}")
-    wait_for(lambda: kubectl.items("pods", "-n", ns, "-l", selector), timeout=90,
+                           timeout=90, what=f"the {pool} Deployment of {name}")
+    main = f"{SERVICE_LABEL}={name},{POOL_LABEL}=main"
+    wait_for(lambda: kubectl.items("pods", "-n", ns, "-l", main), timeout=90,
              what=f"the pods of {name}")
     for container in deployments[0]["spec"]["template"]["spec"]["containers"]:
         argv = [str(a) for a in (*container.get("command", []), *container.get("args", []))]
@@ -119,7 +123,8 @@ def flag(argv: list[str], name: str) -> str | None:
 
 
 def apply_each_patch(kubectl: Kubectl, ns: str, base: dict[str, Any], count: int,
-                     wait_for: Wait) -> list[tuple[dict[str, Any], dict[str, Any], list[str]]]:
+                     wait_for: Wait, pool: str = "main",
+                     ) -> list[tuple[dict[str, Any], dict[str, Any], list[str]]]:
     """Create `count` copies of `base`, run on copy i the i-th command its condition prints,
     and return (patch, status.plan, engine argv) of each once it is planned."""
     copies = []
@@ -141,7 +146,8 @@ def apply_each_patch(kubectl: Kubectl, ns: str, base: dict[str, Any], count: int
         assert cond["reason"] == "Planned", cond
         obj = kubectl.get_json("glmservice", name, "-n", ns)
         assert obj["status"]["plan"]["feasible"] is True, obj["status"]["plan"]
-        results.append((patch, obj["status"]["plan"], engine_args(kubectl, ns, name, wait_for)))
+        results.append((patch, obj["status"]["plan"],
+                        engine_args(kubectl, ns, name, wait_for, pool)))
     return results
 
 
@@ -191,6 +197,37 @@ def test_llamacpp_advice_applied_as_printed(
                 assert plan["accelerator" if key == "profile" else key] == value
     assert {"kvCacheType", "cpuOffload", "concurrency", "contextLength", "modelVersion",
             "accelerator"} <= kinds, kinds
+
+
+def test_long_context_pool_advice_applied_as_printed(
+        operator: OperatorProcess, kubectl: Kubectl, namespace: str, wait_for: Wait) -> None:
+    # The main pool fits; the long-context pool (12 x 32k on one A10) does not. Its patches
+    # change the pool's own fields (longContext.concurrency, .contextLength, .accelerator) or
+    # the service-wide engine settings, and each must turn the whole service feasible.
+    mv = model_version("glm4-9b-q4", "gguf", "Q4_K_M", GLM4_9B_FACTS, "8Gi")
+    fetched(kubectl, namespace, mv, 6_170_000_000, wait_for)
+    base = service("lc", modelVersion="glm4-9b-q4", engine="llamacpp",
+                   accelerator={"profile": "nvidia-a10"}, contextLength=8192, concurrency=2,
+                   longContext={"enabled": True, "contextLength": 32768, "concurrency": 12})
+    kubectl.apply(base, namespace=namespace)
+    commands = proposed_patches(kubectl, namespace, "lc", wait_for)
+    assert "long-context pool does not fit" in planned(
+        kubectl, namespace, "lc", "False", wait_for)["message"]
+    results = apply_each_patch(kubectl, namespace, base, len(commands), wait_for,
+                               pool="long-context")
+    kinds = set()
+    for patch, _, argv in results:
+        spec = patch["spec"]
+        assert "contextLength" not in spec and "concurrency" not in spec, patch  # main's own
+        kinds.update(spec)
+        kinds.update(f"longContext.{k}" for k in spec.get("longContext", {}))
+        pool = spec.get("longContext", {})
+        if "concurrency" in pool:
+            assert flag(argv, "--parallel") == str(pool["concurrency"])
+        if "kvCacheType" in spec:
+            assert flag(argv, "--cache-type-v") == spec["kvCacheType"]
+    assert {"longContext.concurrency", "longContext.contextLength",
+            "longContext.accelerator", "kvCacheType"} <= kinds, kinds
 
 
 def test_vllm_advice_applied_as_printed(
