@@ -39,7 +39,9 @@ MODEL_VERSION = {
         "quantization": "Q4_K_M",
         "architecture": "glm4moe",
         "sha256": "ab" * 32,
-        "cache": {"size": "250Gi"},
+        # Every node of a group mounts the weights: a ReadWriteOnce cache (one node) would be
+        # refused (CacheNotShareable, e2e/test_rwo_cache.py).
+        "cache": {"size": "250Gi", "accessMode": "ReadWriteMany"},
         "facts": {"blockCount": 92, "nextnPredictLayers": 1, "embeddingLength": 5120,
                   "headCount": 96, "headCountKv": 8, "keyLength": 128, "valueLength": 128,
                   "contextLength": 202752, "vocabSize": 151552, "expertCount": 160,
