@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+from glm_operator.api import vllm_names
 from glm_operator.fetch.hf_config import HF_TO_GGUF_ARCHITECTURE
 from glm_operator.planning import engine_support
 from glm_operator.render import model_family
@@ -21,7 +23,11 @@ from e2e.vllm_cli import VLLM_VERSION, VllmEnvError, ensure_vllm
 REGISTRY_SCRIPT = """
 import json
 from vllm.model_executor.models.registry import _VLLM_MODELS
+from vllm.reasoning import ReasoningParserManager
+from vllm.tool_parsers import ToolParserManager
 print("REGISTRY " + json.dumps({name: entry[0] for name, entry in _VLLM_MODELS.items()}))
+print("PARSERS " + json.dumps({"tool_call": sorted(ToolParserManager.list_registered()),
+                               "reasoning": sorted(ReasoningParserManager.list_registered())}))
 """
 
 
@@ -31,7 +37,7 @@ def tree() -> Path:
 
 
 @pytest.fixture(scope="module")
-def vllm_registry() -> dict[str, str]:
+def vllm_lists() -> dict[str, Any]:
     try:
         python = ensure_vllm()
     except VllmEnvError as exc:
@@ -40,9 +46,25 @@ def vllm_registry() -> dict[str, str]:
         pytest.skip(str(exc))
     done = subprocess.run([str(python), "-c", REGISTRY_SCRIPT], capture_output=True, text=True,
                           timeout=300, check=True)
-    line = next(x for x in done.stdout.splitlines() if x.startswith("REGISTRY "))
-    registry: dict[str, str] = json.loads(line.removeprefix("REGISTRY "))
+    found: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        mark, _, rest = line.partition(" ")
+        if mark in ("REGISTRY", "PARSERS"):
+            found[mark] = json.loads(rest)
+    return found
+
+
+@pytest.fixture(scope="module")
+def vllm_registry(vllm_lists: dict[str, Any]) -> dict[str, str]:
+    registry: dict[str, str] = vllm_lists["REGISTRY"]
     return registry
+
+
+def test_the_crd_offers_exactly_the_pinned_vllms_parsers(vllm_lists: dict[str, Any]) -> None:
+    parsers = vllm_lists["PARSERS"]
+    assert "glm47" in parsers["tool_call"] and "glm45" in parsers["reasoning"]
+    assert sorted(vllm_names.VLLM_TOOL_CALL_PARSERS) == parsers["tool_call"]
+    assert sorted(vllm_names.VLLM_REASONING_PARSERS) == parsers["reasoning"]
 
 
 def test_the_table_names_the_pinned_llama_cpp() -> None:

@@ -16,6 +16,7 @@ config.json and probes the device), so device-dependent refusals are out of scop
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,14 @@ GOLDEN = REPO / "tests" / "render" / "golden"
 
 # Rendered flag -> how its text reads, and whether it must reach the engine's arguments
 # (AsyncEngineArgs) or stays with the API server (the parsed namespace only).
-FLAGS: dict[str, tuple[type, bool]] = {
+def _json_object(value: Any) -> dict[str, Any]:
+    """A --speculative-config as rendered (JSON text) or as vLLM holds it (a dict)."""
+    parsed = json.loads(value) if isinstance(value, str) else value
+    assert isinstance(parsed, dict), value
+    return parsed
+
+
+FLAGS: dict[str, tuple[Any, bool]] = {
     "--served-model-name": (str, True),
     "--host": (str, False),
     "--port": (int, False),
@@ -48,6 +56,8 @@ FLAGS: dict[str, tuple[type, bool]] = {
     "--dtype": (str, True),
     "--tool-call-parser": (str, False),
     "--reasoning-parser": (str, True),
+    # MTP speculative decoding: the JSON object vLLM parsed, key by key
+    "--speculative-config": (_json_object, True),
 }
 
 

@@ -9,8 +9,10 @@ import pytest
 from glm_operator.gateway import config as gateway_config
 from glm_operator.render.model_family import (
     GLM_STOP_SEQUENCES,
+    VllmParsers,
+    glm_generation,
     stop_sequences,
-    uses_vllm_glm45_parsers,
+    vllm_parsers,
 )
 from glm_operator.render.service import render_service
 
@@ -28,9 +30,38 @@ def test_other_families_have_no_stops(architecture: str) -> None:
     assert stop_sequences(architecture) == ()
 
 
-def test_vllm_glm45_parsers_only_for_glm45_and_later() -> None:
-    assert uses_vllm_glm45_parsers("glm4moe") and uses_vllm_glm45_parsers("glm-dsa")
-    assert not uses_vllm_glm45_parsers("glm4") and not uses_vllm_glm45_parsers("llama")
+@pytest.mark.parametrize(("architecture", "names", "tool_call"), [
+    ("glm4moe", ["hf://zai-org/GLM-4.5-Air-FP8"], "glm45"),
+    ("glm4moe", ["hf://zai-org/GLM-4.6", "glm46"], "glm45"),
+    ("glm4moe", ["s3://models/glm/weights", "glm-4-7-fp8"], "glm47"),
+    ("glm4moe", ["hf://zai-org/GLM-4.7-FP8"], "glm47"),
+    ("glm4moe", ["https://mirror/x.safetensors", "chat-model"], "glm45"),  # nothing says 4.7
+    ("glm-dsa", ["hf://zai-org/GLM-5"], "glm47"),
+    ("glm-dsa", [], "glm47"),
+    ("glm5-next", [], "glm47"),
+])
+def test_the_tool_call_parser_follows_the_glm_generation(architecture: str, names: list[str],
+                                                        tool_call: str) -> None:
+    assert vllm_parsers(architecture, names) == VllmParsers(tool_call, "glm45")
+
+
+@pytest.mark.parametrize("architecture", ["glm4", "chatglm", "llama", "qwen3"])
+def test_older_glm_and_other_families_get_no_parsers(architecture: str) -> None:
+    assert vllm_parsers(architecture, ["hf://zai-org/GLM-4.7"]) == VllmParsers(None, None)
+
+
+def test_the_glmservice_overrides_or_turns_off_each_parser() -> None:
+    assert vllm_parsers("glm4moe", [], "glm47", None) == VllmParsers("glm47", "glm45")
+    assert vllm_parsers("glm-dsa", [], "none", "none") == VllmParsers(None, None)
+    assert vllm_parsers("qwen3", [], "qwen3_xml", "qwen3") == VllmParsers("qwen3_xml", "qwen3")
+
+
+def test_glm_generation_reads_the_first_name_that_says_it() -> None:
+    assert glm_generation(["zai-org/GLM-4.7-FP8"]) == (4, 7)
+    assert glm_generation(["glm_4.6"]) == (4, 6)
+    assert glm_generation(["GLM-5.1-w8a8"]) == (5, 1)
+    assert glm_generation(["llama", "glm45-air"]) == (4, 5)
+    assert glm_generation(["mistral"]) is None
 
 
 def _gateway_config(architecture: str, engine: str = "llamacpp") -> Any:

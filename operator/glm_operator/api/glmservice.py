@@ -13,7 +13,7 @@ import re
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from glm_operator.api.base import (
     API_VERSION,
@@ -29,6 +29,7 @@ from glm_operator.api.base import (
     duration_seconds,
 )
 from glm_operator.api.glmservice_status import GLMServiceStatus
+from glm_operator.api.vllm_names import NO_PARSER, VLLM_REASONING_PARSERS, VLLM_TOOL_CALL_PARSERS
 from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
 
 MIN_CONTEXT_LENGTH = 512
@@ -55,12 +56,20 @@ OPERATOR_OWNED_ENGINE_FLAGS: tuple[str, ...] = (
     # vLLM
     "--served-model-name", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
     "-tp", "--tensor-parallel-size", "--kv-cache-dtype", "--cpu-offload-gb",
+    # vLLM's parsers (spec.parsers) and MTP speculative decoding (spec.multiTokenPrediction)
+    "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice",
+    "--speculative-config", "-sc",
     # llama-server's load mode (spec.loadMode)
     "-lm", "--load-mode", "--mmap", "--no-mmap",
     # multi-node wiring (accelerator.nodes)
     "--rpc", "-pp", "--pipeline-parallel-size", "--distributed-executor-backend",
 )  # fmt: skip
 OWNED_FLAG_PATTERN = "^(" + "|".join(OPERATOR_OWNED_ENGINE_FLAGS) + ")(=.*)?$"
+MTP_ON_LLAMACPP = (
+    "multiTokenPrediction is rendered for engine vllm: the pinned llama-server's MTP "
+    "(--spec-type draft-mtp) runs a second, draft context whose memory the plan does not count "
+    "yet; remove multiTokenPrediction or use engine vllm"
+)
 
 
 class Engine(StrEnum):
@@ -725,6 +734,8 @@ class Toleration(SpecModel):
     toleration_seconds: int | None = Field(default=None, json_schema_extra={"format": "int64"})
 
 
+
+
 def _cel_list(items: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{i}'" for i in items) + "]"
 
@@ -845,6 +856,42 @@ class PodOverrides(SpecModel):
         return labels
 
 
+class Parsers(SpecModel):
+    """vLLM's parsers of a model's output. Derived from the model when absent: the GLM-4.5 and
+    GLM-4.6 family (glm4moe) get glm45 for tool calls, GLM-4.7, GLM-5 and GLM-5.1 (glm4moe
+    named 4.7 in its source or name, glm-dsa, glm5-next) glm47; reasoning glm45 for all of
+    them; other models none."""
+
+    tool_call: str | None = Field(
+        default=None,
+        description="vLLM --tool-call-parser (with --enable-auto-tool-choice): one of the pinned "
+        "vLLM's parsers, or none to turn tool-call parsing off.",
+        json_schema_extra={"enum": [*VLLM_TOOL_CALL_PARSERS, NO_PARSER]},
+    )
+    reasoning: str | None = Field(
+        default=None,
+        description="vLLM --reasoning-parser: one of the pinned vLLM's parsers, or none to "
+        "leave the thinking text in the answer.",
+        json_schema_extra={"enum": [*VLLM_REASONING_PARSERS, NO_PARSER]},
+    )
+
+    @field_validator("tool_call")
+    @classmethod
+    def _known_tool_call_parser(cls, name: str | None) -> str | None:
+        if name is not None and name not in (*VLLM_TOOL_CALL_PARSERS, NO_PARSER):
+            raise ValueError(f"parsers.toolCall {name!r} is not a parser of the pinned vLLM; "
+                             f"give one of {', '.join(VLLM_TOOL_CALL_PARSERS)}, or none")
+        return name
+
+    @field_validator("reasoning")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        if name is not None and name not in (*VLLM_REASONING_PARSERS, NO_PARSER):
+            raise ValueError(f"parsers.reasoning {name!r} is not a parser of the pinned vLLM; "
+                             f"give one of {', '.join(VLLM_REASONING_PARSERS)}, or none")
+        return name
+
+
 class GLMServiceSpec(SpecModel):
     """What to serve, on what, for how many users; the operator plans the rest."""
 
@@ -935,6 +982,19 @@ class GLMServiceSpec(SpecModel):
                     "fieldPath": ".cpuOffload",
                 },
                 {
+                    "rule": "!has(self.parsers) || !has(self.engine) || self.engine != 'llamacpp'",
+                    "message": "parsers are vLLM's (--tool-call-parser, --reasoning-parser): "
+                    "llama-server parses tool calls and reasoning from the model's own chat "
+                    "template; remove parsers or use engine vllm",
+                    "fieldPath": ".parsers",
+                },
+                {
+                    "rule": "!has(self.multiTokenPrediction) || !self.multiTokenPrediction || "
+                    "!has(self.engine) || self.engine != 'llamacpp'",
+                    "message": MTP_ON_LLAMACPP,
+                    "fieldPath": ".multiTokenPrediction",
+                },
+                {
                     "rule": "has(self.gateway) && (has(self.gateway.apiKeysSecret) || "
                     "(has(self.gateway.access) && self.gateway.access == 'Open'))",
                     "message": ACCESS_NOT_CHOSEN,
@@ -1002,6 +1062,19 @@ class GLMServiceSpec(SpecModel):
         default=None,
         description="Keep part of the model in host memory when the accelerators cannot "
         "hold it (one node per replica; not on the cpu profile). Applies to every pool.",
+    )
+    parsers: Parsers | None = Field(
+        default=None,
+        description="vllm: the tool-call and reasoning parsers, overriding the ones derived "
+        "from the model (GLM-4.5/4.6 glm45, GLM-4.7/5/5.1 glm47).",
+    )
+    multi_token_prediction: StrictBool | None = Field(
+        default=None,
+        description="vllm: speculative decoding with the model's own MTP (nextn) layers "
+        "(--speculative-config method mtp, one draft token per nextn layer). Default: on "
+        "where the model has nextn layers (GLM-4.5 and later); false turns it off; true "
+        "makes a model without them Infeasible. Their weights and KV cache are in the plan. "
+        "llamacpp: refused (see docs/planning.md).",
     )
     replicas: int | None = Field(
         default=None,
@@ -1104,6 +1177,11 @@ class GLMServiceSpec(SpecModel):
         if engine == Engine.VLLM and self.load_mode is not None:
             raise ValueError("loadMode is llama-server's (--load-mode): remove it with "
                              "engine vllm")
+        if engine == Engine.LLAMACPP and self.parsers is not None:
+            raise ValueError("parsers are vLLM's: llama-server parses tool calls and reasoning "
+                             "from the model's chat template; remove parsers")
+        if engine == Engine.LLAMACPP and self.multi_token_prediction:
+            raise ValueError(MTP_ON_LLAMACPP)
         if offload is None:
             return
         if engine == Engine.VLLM and offload.accelerator_layers is not None:

@@ -133,6 +133,9 @@ class VllmPlan(StatusModel):
     kv_cache_tokens: NonNegativeInt64 | None = None
     cpu_offload_gb: int | None = Field(
         default=None, ge=0, description="--cpu-offload-gb: GiB of weights per GPU in host RAM.")
+    speculative_tokens: int | None = Field(
+        default=None, ge=0, description="MTP speculative decoding: draft tokens per step, one "
+        "per nextn layer (--speculative-config method mtp); 0: off.")
 
 
 class PlanNodeShare(StatusModel):

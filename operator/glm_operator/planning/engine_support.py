@@ -62,6 +62,11 @@ VLLM_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
 }
 
+# Architectures whose nextn (MTP) layers the pinned vLLM serves as speculative decoding
+# (--speculative-config method mtp): its glm4_moe_mtp, glm_moe_dsa (GLM-5) and glm5_next_mtp
+# drafters, and DeepSeek's (vllm/config/speculative.py).
+VLLM_MTP_ARCHITECTURES = frozenset({"glm4moe", "glm-dsa", "glm5-next", "deepseek2"})
+
 
 def unsupported(engine: str, architecture: str) -> str | None:
     """Why `engine`'s pinned version cannot load `architecture`, or None when it can."""

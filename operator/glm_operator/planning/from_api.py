@@ -145,6 +145,7 @@ def plan_request_for(
         mmap=spec.load_mode != LoadMode.NO_MMAP,
         gpu_layers=offload.accelerator_layers if offload else None,
         cpu_offload_gib=(offload.host_weights_gib or 0) if offload else 0,
+        multi_token_prediction=spec.multi_token_prediction,
     )
 
 

@@ -62,6 +62,8 @@ class PlanRequest:
     cpu_offload_gib: int = 0  # vLLM: GiB of weights per GPU in pinned host RAM (--cpu-offload-gb)
     node_memory_bytes: int | None = None  # CPU profile: RAM a replica may use (overrides)
     cpu_cores: int | None = None  # CPU profile: cores a replica may use (overrides)
+    # vLLM: speculative decoding with the model's nextn (MTP) layers. None: where it has them.
+    multi_token_prediction: bool | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -133,6 +135,8 @@ class VllmSettings:
     max_num_batched_tokens: int
     kv_cache_tokens: int  # what the KV budget holds at this utilization (all GPUs together)
     pipeline_parallel_size: int = 1  # one stage per node
+    # MTP: draft tokens per step, one per nextn layer (--speculative-config method mtp); 0 off
+    speculative_tokens: int = 0
     cpu_offload_gb: int = 0  # --cpu-offload-gb: GiB of weights per GPU kept in host RAM
 
 
@@ -315,6 +319,18 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
     if request.engine == "vllm" and request.nodes > facts.block_count:
         return (f"{request.nodes} pipeline stages (nodes) exceed the model's "
                 f"{facts.block_count} layers")
+    if request.multi_token_prediction and request.engine != "vllm":
+        return ("multiTokenPrediction is rendered for vLLM: the pinned llama-server's draft-mtp "
+                "runs a draft context the plan does not count yet")
+    if request.multi_token_prediction and _pp_mtp_refused(request, profile):
+        return (f"multiTokenPrediction with {request.nodes} nodes on {profile.name}: "
+                "vllm-ascend refuses MTP with pipeline parallelism (it spans the nodes) "
+                "outside a PD-disaggregated prefill node; remove multiTokenPrediction or "
+                "use one node")
+    if request.multi_token_prediction and not _mtp_tokens(request, profile):
+        return (f"multiTokenPrediction needs nextn (MTP) layers vLLM can draft with: "
+                f"{facts.architecture} with nextnPredictLayers {facts.nextn_predict_layers} "
+                "has none; remove multiTokenPrediction")
     if request.context_length > facts.context_length:
         return (
             f"context {request.context_length} exceeds the model's trained context "
@@ -591,6 +607,27 @@ def mem_breakdown(
 # ---------------------------------------------------------------- vLLM
 
 
+def _pp_mtp_refused(request: PlanRequest, profile: AcceleratorProfile) -> bool:
+    """vllm-ascend v0.23 refuses MTP with pipeline parallelism at start
+    (NPUPlatform._validate_pd_pp_mtp_config), and a vLLM group spans its nodes by it."""
+    return profile.vendor == "huawei" and request.nodes > 1
+
+
+def _mtp_tokens(request: PlanRequest, profile: AcceleratorProfile) -> int:
+    """Draft tokens of vLLM's MTP speculative decoding: one per nextn layer, where vLLM has a
+    drafter for the architecture, the engine accepts it and the GLMService did not turn it
+    off. Their memory is planned already: the nextn layers' weights are in the artifact's
+    size, their KV in mem.kv_layers."""
+    facts = request.facts
+    if request.engine != "vllm" or request.multi_token_prediction is False:
+        return 0
+    if _pp_mtp_refused(request, profile):
+        return 0
+    if facts.architecture not in engine_support.VLLM_MTP_ARCHITECTURES:
+        return 0
+    return facts.nextn_predict_layers
+
+
 def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     facts = request.facts
     tp, pp = request.count, request.nodes
@@ -645,6 +682,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS,
         kv_cache_tokens=int(kv_tokens),
         pipeline_parallel_size=pp,
+        speculative_tokens=_mtp_tokens(request, profile),
         cpu_offload_gb=request.cpu_offload_gib,
     )
     if offload:

@@ -46,9 +46,12 @@ def plan_hash(plan: Plan) -> str:
             del llamacpp["rpc_workers"]
         if vllm is not None:
             del vllm["pipeline_parallel_size"]
-    # Likewise CPU offload, which only spec.cpuOffload turns on.
-    if vllm is not None and not vllm["cpu_offload_gb"]:
-        del vllm["cpu_offload_gb"]
+    # Likewise CPU offload, which only spec.cpuOffload turns on, and MTP, which a model
+    # without nextn layers never gets.
+    if vllm is not None:
+        for off_by_default in ("cpu_offload_gb", "speculative_tokens"):
+            if not vllm[off_by_default]:
+                del vllm[off_by_default]
     return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
 
 

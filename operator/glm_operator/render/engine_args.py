@@ -13,11 +13,12 @@ operator owns (OPERATOR_OWNED_ENGINE_FLAGS), so they cannot contradict the plan.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from glm_operator.planning.planner import Plan
 from glm_operator.render.ascend import vllm_quantization
-from glm_operator.render.model_family import uses_vllm_glm45_parsers
+from glm_operator.render.model_family import VllmParsers, vllm_parsers
 
 LLAMA_SERVER = "llama-server"
 VLLM_COMMAND: tuple[str, ...] = ("vllm", "serve")
@@ -31,7 +32,6 @@ ENGINE_HOST = "127.0.0.1"
 # TCP stack's work on every chunk (docs/performance.md); probes and warm-up stay on TCP.
 # llama-server takes a Unix socket for a host ending in ".sock" (tools/server/server-http.cpp).
 ENGINE_SOCKET = "@glm-engine.sock"
-VLLM_GLM_PARSER = "glm45"  # for the architectures model_family names
 # Multi-node: llama.cpp's ggml-rpc-server port (its default), and the Ray head's GCS port.
 # vLLM groups span nodes through Ray, which both pinned engines have (vLLM 0.33's own
 # --nnodes mode is not in vllm-ascend v0.23's vLLM 0.23 line; docs/planning.md).
@@ -133,8 +133,10 @@ def vllm_argv(
     port: int,
     served_model_name: str,
     extra_args: Sequence[str] = (),
+    parsers: VllmParsers | None = None,
 ) -> list[str]:
-    """`vllm serve` argv (command included) for one replica of a vLLM plan."""
+    """`vllm serve` argv (command included) for one replica of a vLLM plan; `parsers` as
+    model_family.vllm_parsers chose them for the model (default: from its architecture)."""
     settings = plan.vllm
     if settings is None:
         raise EngineArgsError(f"plan for engine {plan.request.engine!r} has no vLLM settings")
@@ -160,10 +162,15 @@ def vllm_argv(
     quantization = vllm_quantization(plan)
     if quantization is not None:
         argv += ["--quantization", quantization]
-    if uses_vllm_glm45_parsers(plan.request.facts.architecture):
-        argv += ["--enable-auto-tool-choice",
-                 "--tool-call-parser", VLLM_GLM_PARSER,
-                 "--reasoning-parser", VLLM_GLM_PARSER]
+    chosen = parsers or vllm_parsers(plan.request.facts.architecture)
+    if chosen.tool_call:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", chosen.tool_call]
+    if chosen.reasoning:
+        argv += ["--reasoning-parser", chosen.reasoning]
+    if settings.speculative_tokens:
+        argv += ["--speculative-config", json.dumps(
+            {"method": "mtp", "num_speculative_tokens": settings.speculative_tokens},
+            separators=(",", ":"))]
     argv.extend(extra_args)
     return argv
 
@@ -171,8 +178,9 @@ def vllm_argv(
 def engine_argv(
     plan: Plan, model_path: str, port: int, name: str, extra_args: Sequence[str] = (),
     threads: int | None = None, rpc_servers: Sequence[str] = (),
+    parsers: VllmParsers | None = None,
 ) -> list[str]:
     """The argv for whichever engine the plan is for."""
     if plan.request.engine == "vllm":
-        return vllm_argv(plan, model_path, port, name, extra_args)
+        return vllm_argv(plan, model_path, port, name, extra_args, parsers)
     return llamacpp_argv(plan, model_path, port, name, extra_args, threads, rpc_servers)

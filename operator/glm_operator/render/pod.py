@@ -31,7 +31,7 @@ from glm_operator.render.ascend import (
     is_ascend,
 )
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
-from glm_operator.render.model_family import stop_sequences
+from glm_operator.render.model_family import VllmParsers, stop_sequences, vllm_parsers
 from glm_operator.render.names import VERSION_LABEL, dns_name, label_value, pool_selector
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
 
@@ -363,6 +363,15 @@ def engine_env(ctx: PoolContext) -> tuple[tuple[str, str], ...]:
             *ascend_env(ctx.plan.profile))
 
 
+def model_parsers(ctx: PoolContext) -> VllmParsers:
+    """vLLM's parsers for the model: the GLMService's spec.parsers, else derived from the
+    architecture and the generation the ModelVersion's source or name gives (GLM-4.7)."""
+    chosen = ctx.service.spec.parsers
+    names = (ctx.model_version.spec.source.uri, ctx.model_version.metadata.name or "")
+    return vllm_parsers(ctx.plan.request.facts.architecture, names,
+                        chosen.tool_call if chosen else None, chosen.reasoning if chosen else None)
+
+
 def engine_container(ctx: PoolContext) -> dict[str, Any]:
     config = ctx.config
     argv = engine_argv(
@@ -373,6 +382,7 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
         ctx.service.spec.engine_args or (),
         threads=overridden_threads(ctx),
         rpc_servers=ctx.rpc_servers,
+        parsers=model_parsers(ctx),
     )
     split = 2 if ctx.engine == "vllm" else 1  # `vllm serve` vs `llama-server`
     overrides = ctx.service.spec.pod_overrides
