@@ -74,6 +74,7 @@ local permanent = {
   ModelFactsUnknown = true,
   InvalidPlanInput = true,
   EngineFormatMismatch = true,
+  CacheNotShareable = true,
   ModelVersionInvalid = true,
   ModelVersionFailed = true,
 }
