@@ -114,3 +114,31 @@ def test_facts_from_gguf_metadata_of_a_hybrid_model() -> None:
     assert (facts.head_count_kv, facts.n_embd_k_gqa, facts.n_embd_v_gqa) == (1, 128, 0)
     assert (facts.indexer_row, facts.indexer_layers) == (192, 4)
     assert (facts.hyper_connection_count, facts.nextn_weights_bytes) == (4, 100)
+
+
+def test_vllm_keeps_one_latent_per_rank_and_an_fp8_indexer() -> None:
+    """vLLM 0.33: MLAAttention.get_kv_cache_spec (vllm/model_executor/layers/attention/
+    mla_attention.py) caches num_kv_heads=1, max_tp_shards=1, head_size = kv_lora_rank +
+    qk_rope_head_dim in the KV dtype, on every TP rank; DeepseekV32Indexer (vllm/models/
+    deepseek_v32/attention.py) caches head_dim + head_dim // 128 * 4 uint8 per token in
+    every indexer layer and the MTP layer; Glm5NextIndexerCache one entry per index_kpool
+    tokens."""
+    from fractions import Fraction
+
+    facts = ArchitectureFacts(**GLM5_CLASS)  # type: ignore[arg-type]
+    # 79 layers x (576 x 2 bf16 latent + 132 indexer bytes), the same on each of 8 ranks
+    assert mem.vllm_kv_bytes_per_token(facts, "auto") == 79 * (1152 + 132)
+    assert mem.vllm_kv_bytes_per_token(facts, "auto", kv_heads_share=Fraction(1, 8)) == \
+        79 * (1152 + 132)
+    # fp8 KV: the latent in 1 byte a value; the indexer cache is fp8 whatever the KV type
+    assert mem.vllm_kv_bytes_per_token(facts, "fp8") == 79 * (576 + 132)
+    # glm5-next: 12 MLA trunk layers + the nextn one, k-pool 4: 13 x 132 / 4 = 429
+    hybrid = _glm5_next()
+    assert mem.vllm_kv_bytes_per_token(hybrid, "auto") == 13 * 512 * 2 + 13 * 132 // 4
+    # GQA is unchanged: K and V of the rank's heads
+    gqa = ArchitectureFacts(architecture="glm4", block_count=40, embedding_length=4096,
+                            head_count=32, head_count_kv=2, context_length=131072,
+                            key_length=128, value_length=128)
+    half = Fraction(1, 2)
+    assert mem.vllm_kv_bytes_per_token(gqa, "auto", kv_heads_share=half) == \
+        mem.kv_bytes_per_token(gqa, "auto", "auto", kv_heads_share=half) == 40 * 256 * 2

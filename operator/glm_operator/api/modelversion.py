@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -27,6 +27,7 @@ from glm_operator.api.base import (
 from glm_operator.api.conditions import MAX_CONDITIONS, Condition
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
+MAX_LAYER_LIST = 1024  # entries of a per-layer list in ModelFacts (as blockCount's bound)
 
 # One regex per accepted scheme. RE2 (CEL) and Python `re` agree on this subset.
 SOURCE_URI_PATTERNS: dict[str, str] = {
@@ -205,6 +206,80 @@ class ModelFacts(SpecModel):
     )
     file_type: str | None = Field(
         default=None, max_length=32, description="general.file_type as a name, e.g. Q4_K_M."
+    )
+    # MLA, the DSA indexer, KDA linear attention and mHC (glm-dsa, glm5-next, deepseek2):
+    # what sizes their KV cache and state (docs/planning.md, "KV cache").
+    head_count_kv_per_layer: list[Annotated[int, Field(ge=0, le=4096)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_LAYER_LIST,
+        description=(
+            "attention.head_count_kv when the GGUF gives it per block (nextn blocks included): "
+            "0 marks a recurrent (KDA linear attention) layer, which holds a fixed state per "
+            "sequence instead of KV (glm5-next)."
+        ),
+    )
+    kv_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description=(
+            "attention.kv_lora_rank (MLA): the KV cache holds this latent plus "
+            "ropeDimensionCount values per token and layer, and no V."
+        ),
+    )
+    rope_dimension_count: int | None = Field(
+        default=None,
+        ge=0,
+        le=65536,
+        description="rope.dimension_count: rotated dims (MLA: cached next to the latent).",
+    )
+    indexer_head_count: int | None = Field(
+        default=None, ge=1, le=4096, description="attention.indexer.head_count (DSA indexer)."
+    )
+    indexer_key_length: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="attention.indexer.key_length: the indexer's cached key per token and layer.",
+    )
+    indexer_kpool: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description=(
+            "attention.indexer.kpool: k-pool compression (glm5-next); above 1 the indexer "
+            "caches key, gate and pooled key per token."
+        ),
+    )
+    indexer_types: list[bool] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_LAYER_LIST,
+        description=(
+            "attention.indexer.types: per trunk layer, true where it runs the full indexer "
+            "(and caches its keys); unset: every attention layer does."
+        ),
+    )
+    kda_head_dim: int | None = Field(
+        default=None, ge=1, le=65536, description="kda.head_dim: the KDA layers' head width."
+    )
+    ssm_conv_kernel: int | None = Field(
+        default=None, ge=1, le=1024, description="ssm.conv_kernel: the KDA convolution window."
+    )
+    hyper_connection_count: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="hyper_connection.count (mHC): residual streams of embeddingLength each.",
+    )
+    nextn_weights_bytes: Int64 | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Bytes of the nextn (MTP) layers' tensors in the file, summed from the GGUF tensor "
+            "infos; the pinned llama.cpp does not load them."
+        ),
     )
 
 

@@ -103,6 +103,8 @@ class GGUFFacts:
     # Bytes of the nextn (MTP) layers' tensors (blk.N.* for the last nextn_predict_layers
     # blocks); None when the file has none or a tensor of a type this reader does not size.
     nextn_tensor_bytes: int | None = None
+    # <arch>.vocab_size, else the length of tokenizer.ggml.tokens (as llama.cpp reads it).
+    vocab_size: int | None = None
     metadata: dict[str, Scalar] = field(default_factory=dict, repr=False)
     # Small per-layer integer arrays (head_count_kv: 0 marks a recurrent layer; indexer types).
     arrays: dict[str, list[int]] = field(default_factory=dict, repr=False)
@@ -166,8 +168,10 @@ class _Reader:
         self.skip(length, what)
 
 
-def _read_value(reader: _Reader, value_type: int, key: str) -> Scalar | list[int] | None:
-    """The value of one key; arrays of ints are returned (for per-layer counts), others skipped."""
+def _read_value(reader: _Reader, value_type: int, key: str,
+                counts: dict[str, int] | None = None) -> Scalar | list[int] | None:
+    """The value of one key; arrays of ints are returned (for per-layer counts), others skipped
+    (a string array's element count goes into `counts`: the vocabulary's size)."""
     if value_type in _SCALARS:
         fmt, size = _SCALARS[value_type]
         value: Scalar = struct.unpack(fmt, reader.exact(size, key))[0]
@@ -179,13 +183,16 @@ def _read_value(reader: _Reader, value_type: int, key: str) -> Scalar | list[int
         count = reader.u64(f"{key} element count")
         if element_type in _SCALARS:
             fmt, size = _SCALARS[element_type]
-            # Small integer arrays can carry per-layer values (head_count_kv on some models).
-            if fmt[-1] in "BbHhIiQq" and count <= 4096:
+            # Small integer (and bool) arrays carry per-layer values: head_count_kv, where 0
+            # marks a recurrent layer (glm5-next), and attention.indexer.types.
+            if fmt[-1] in "BbHhIiQq?" and count <= 4096:
                 raw = reader.exact(size * count, key)
                 return [int(v) for v in struct.unpack(f"<{count}{fmt[-1]}", raw)]
             reader.skip(size * count, key)
             return None
         if element_type == _STRING:
+            if counts is not None:
+                counts[key] = count
             for _ in range(count):
                 reader.skip_string(key)
             return None
@@ -225,10 +232,11 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
         )
 
     values: dict[str, Scalar | list[int] | None] = {}
+    string_arrays: dict[str, int] = {}
     for index in range(kv_count):
         key = reader.string(f"key #{index}")
         value_type = reader.u32(f"{key} value type")
-        values[key] = _read_value(reader, value_type, key)
+        values[key] = _read_value(reader, value_type, key, string_arrays)
 
     architecture = values.get("general.architecture")
     arch = architecture if isinstance(architecture, str) else None
@@ -291,6 +299,7 @@ def read_gguf_header(stream: BinaryIO, size: int | None = None) -> GGUFFacts:
         data_offset=data_offset,
         tensor_data_bytes=tensor_data_bytes,
         nextn_tensor_bytes=nextn_bytes or None,
+        vocab_size=arch_int("vocab_size") or string_arrays.get("tokenizer.ggml.tokens"),
         metadata=metadata,
         arrays=arrays,
     )

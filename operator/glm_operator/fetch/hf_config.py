@@ -12,6 +12,19 @@ config.json key                            -> status.facts (GGUF vocabulary, as 
   n_routed_experts | num_experts | num_local_experts -> expertCount
   num_experts_per_tok                      -> expertUsedCount
   vocab_size                               -> vocabSize
+MLA models (kv_lora_rank set: GLM-5 GlmMoeDsaForCausalLM, glm5-next, DeepSeek V2/V3), as
+llama.cpp's converter writes them:
+  kv_lora_rank                             -> kvLoraRank; headCountKv 1, keyLength
+                                              kv_lora_rank + qk_rope_head_dim, valueLength
+                                              kv_lora_rank (one latent head, no V)
+  qk_rope_head_dim (x partial_rotary_factor for glm-dsa) -> ropeDimensionCount
+  index_n_heads, index_head_dim, index_kpool -> indexerHeadCount, indexerKeyLength,
+                                              indexerKpool
+  indexer_types ("full"/"shared")          -> indexerTypes (true: full)
+  hc_mult                                  -> hyperConnectionCount
+  glm5-next: layer_types                   -> headCountKvPerLayer (0: linear_attention)
+             linear_attn_config.head_dim, .short_conv_kernel_size -> kdaHeadDim,
+                                              ssmConvKernel
 ChatGLM's own names (num_layers, seq_length, multi_query_group_num, kv_channels,
 padded_vocab_size) are read when the standard ones are absent, and a multimodal config's
 `text_config` when the top level has no layers.
@@ -20,8 +33,8 @@ The architecture is the GGUF name (glm4, glm4moe, ...), not the transformers cla
 so measured facts mean the same whatever the format: the planner's layer convention and the
 vLLM GLM tool/reasoning parser key off it, and spec.architecture is compared with it. For
 the same reason blockCount counts the nextn (MTP) layers for the architectures whose GGUF
-block_count does (glm4moe, glm-dsa, deepseek2), exactly as llama.cpp's converter writes it;
-the planner subtracts them again.
+block_count does (glm4moe, glm-dsa, glm5-next, deepseek2), exactly as llama.cpp's converter
+writes it; the planner subtracts them again.
 
 parameterCount is summed from the tensor shapes in each *.safetensors header (8-byte
 little-endian length, then JSON), which is what the weights really hold.
@@ -49,6 +62,9 @@ HF_TO_GGUF_ARCHITECTURE: dict[str, str] = {
     "Glm4ForCausalLM": "glm4",
     "Glm4MoeForCausalLM": "glm4moe",
     "GlmMoeDsaForCausalLM": "glm-dsa",
+    "Glm5NextForCausalLM": "glm5-next",  # vLLM 0.33's registry
+    "Glm5NextForConditionalGeneration": "glm5-next",  # llama.cpp's converter, transformers
+    "Glm4MoeLiteForCausalLM": "deepseek2",
     "GlmForCausalLM": "chatglm",
     "ChatGLMModel": "chatglm",
     "ChatGLMForConditionalGeneration": "chatglm",
@@ -127,9 +143,107 @@ def facts_from_config(config: Mapping[str, Any], size_bytes: int | None = None,
         "parameter_count": parameter_count or None,
         "size_bytes": size_bytes or None,
     }
+    values.update(_mla_facts(config, architecture, layers))
+    return facts_within_bounds(values, "config.json")
+
+
+def _mla_facts(config: Mapping[str, Any], architecture: str | None,
+               block_count: int | None) -> dict[str, Any]:
+    """MLA, DSA indexer, KDA and mHC settings, written as llama.cpp's converter writes them
+    (conversion/deepseek.py DeepseekV2Model, conversion/glm.py GlmMoeDsaModel and
+    Glm5NextModel of the pinned tree): one latent KV head whose key is kv_lora_rank +
+    qk_rope_head_dim wide and whose value is the latent; per-layer indexer types (true:
+    "full"); head_count_kv per block, 0 for a linear_attention (KDA) layer and 1 for the
+    attention and nextn blocks."""
+    kv_lora_rank = _int(config.get("kv_lora_rank"))
+    if kv_lora_rank is None or not _within_bounds("kv_lora_rank", kv_lora_rank):
+        return {}  # read as attention heads (GQA): more KV than MLA keeps, never less
+    qk_rope = _int(config.get("qk_rope_head_dim")) or 0
+    rope = qk_rope
+    if architecture == "glm-dsa":  # GlmMoeDsaModel scales by the partial rotary factor
+        rope_parameters = config.get("rope_parameters")
+        factor = _first(rope_parameters if isinstance(rope_parameters, Mapping) else {},
+                        "partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
+        rope = int(qk_rope * factor) if isinstance(factor, int | float) else qk_rope
+    values: dict[str, Any] = {
+        "head_count_kv": 1,  # MLA is converted to MQA: one latent head
+        "key_length": kv_lora_rank + qk_rope,
+        "value_length": kv_lora_rank,
+        "kv_lora_rank": kv_lora_rank,
+        "rope_dimension_count": rope,
+        "indexer_head_count": _int(config.get("index_n_heads")),
+        "indexer_key_length": _int(config.get("index_head_dim")),
+        "indexer_kpool": _int(config.get("index_kpool")),
+        "indexer_types": _indexer_types(config),
+        "hyper_connection_count": _int(config.get("hc_mult")),
+    }
+    if architecture == "glm5-next":
+        values.update(_kda_facts(config, block_count))
+    return values
+
+
+def _within_bounds(name: str, value: Any) -> bool:
+    try:
+        ModelFacts.model_validate({name: value})
+    except ValidationError:
+        return False
+    return True
+
+
+def _indexer_types(config: Mapping[str, Any]) -> list[bool] | None:
+    """indexer_types ("full" runs the indexer, "shared" reuses the previous full layer's
+    top-k), else the schedule transformers derives (GlmMoeDsaConfig / Glm5NextTextConfig
+    __post_init__): index_topk_pattern ("FSSF..."), else index_topk_freq and
+    index_skip_topk_offset (2). None when every layer is full (the default)."""
+    if config.get("index_head_dim") is None:
+        return None
+    layers = _int(_first(config, "num_hidden_layers", "num_layers"))
+    types = config.get("indexer_types")
+    pattern = config.get("index_topk_pattern")
+    if isinstance(types, list) and all(isinstance(t, str) for t in types):
+        full = [t == "full" for t in types]
+    elif isinstance(pattern, str) and set(pattern) <= {"F", "S"}:
+        full = [c == "F" for c in pattern]
+    elif isinstance(pattern, list) and all(isinstance(t, str) for t in pattern):
+        full = [t == "full" for t in pattern]
+    else:
+        freq = max(_int(config.get("index_topk_freq")) or 1, 1)
+        offset = _int(config.get("index_skip_topk_offset"))
+        offset = 2 if offset is None else offset
+        if layers is None or freq == 1:
+            return None
+        full = [max(i - offset + 1, 0) % freq == 0 for i in range(layers)]
+    return None if not full or all(full) else full
+
+
+def _kda_facts(config: Mapping[str, Any], block_count: int | None) -> dict[str, Any]:
+    """glm5-next's linear attention: layer_types (transformers' default when absent: every
+    layer but each fourth is linear_attention), linear_attn_config's head_dim and
+    short_conv_kernel_size (or the flat linear_head_dim, linear_conv_kernel_dim)."""
+    layers = _int(_first(config, "num_hidden_layers", "num_layers"))
+    if layers is None:
+        return {}
+    layer_types = config.get("layer_types")
+    if not (isinstance(layer_types, list) and len(layer_types) == layers):
+        layer_types = ["linear_attention" if i % 4 != 3 else "indexed_attention"
+                       for i in range(layers)]
+    per_block = [0 if t == "linear_attention" else 1 for t in layer_types]
+    per_block += [1] * max((block_count or layers) - layers, 0)  # the nextn blocks
+    linear = config.get("linear_attn_config")
+    linear = linear if isinstance(linear, Mapping) else {}
+    return {
+        "head_count_kv_per_layer": per_block,
+        "kda_head_dim": _int(_first(linear, "head_dim")) or _int(config.get("linear_head_dim")),
+        "ssm_conv_kernel": (_int(_first(linear, "short_conv_kernel_size"))
+                            or _int(config.get("linear_conv_kernel_dim"))),
+    }
+
+
+def facts_within_bounds(values: Mapping[str, Any], source: str) -> ModelFacts:
+    """ModelFacts of `values` (snake_case names, None for unknown). A value the API would
+    refuse (out of range, a list too long) is dropped with a warning naming it, not fatal:
+    the remaining facts still plan better than none."""
     values = {k: v for k, v in values.items() if v is not None}
-    # A value the API would refuse (out of range) is dropped with a warning, not fatal:
-    # the remaining facts still plan better than none.
     for _ in range(len(values) + 1):
         try:
             return ModelFacts.model_validate(values)
@@ -138,7 +252,7 @@ def facts_from_config(config: Mapping[str, Any], size_bytes: int | None = None,
             if not bad & set(values):
                 raise
             for name in bad & set(values):
-                log.warning("config.json: ignoring %s=%r (%s)", name, values.pop(name),
+                log.warning("%s: ignoring %s=%r (%s)", source, name, values.pop(name),
                             "outside the API's range")
     return ModelFacts()
 

@@ -4,7 +4,9 @@
     progress    bytes done and total, rate, ETA and their one-line summary (the Progress
                 column), at most every ~15 s while downloading (fetch/progress.py), the
                 final figures with Ready, "Stopped at ..." with Failed
-    sizeBytes, sha256, facts (the GGUF header, camelCase names), cache {claimName, path}
+    sizeBytes, sha256, facts (the GGUF header, camelCase names: MLA, indexer, KDA and mHC
+                keys and the per-layer head_count_kv / indexer.types arrays included),
+                cache {claimName, path}
                 for a safetensors folder: the total size, the snapshot digest, the facts of
                 its config.json (fetch/hf_config.py) and the folder as cache.path
     conditions  Cached    True when the verified file sits under its final name in the cache
@@ -24,8 +26,8 @@ from typing import Any
 
 from glm_operator.api.conditions import Condition, ConditionStatus, set_condition
 from glm_operator.api.modelversion import (
+    MAX_LAYER_LIST,
     DownloadProgress,
-    ModelFacts,
     ModelVersionConditionType,
     ModelVersionPhase,
 )
@@ -33,6 +35,7 @@ from glm_operator.download_progress import stopped_status_progress
 from glm_operator.fetch.download import FetchResult
 from glm_operator.fetch.errors import FetchError
 from glm_operator.fetch.gguf_header import GGUFFacts
+from glm_operator.fetch.hf_config import facts_within_bounds
 from glm_operator.fetch.progress import Progress
 from glm_operator.fetch.snapshot import SnapshotResult
 from glm_operator.kube.client import KubeError
@@ -55,8 +58,25 @@ class StatusTarget:
     claim_name: str | None = None  # the cache PVC, echoed into status.cache
 
 
+def _layer_list(values: list[int] | None) -> list[int] | None:
+    """A per-layer array as the API takes it (at most MAX_LAYER_LIST entries); a longer one
+    is left out rather than cut, which would change what it says."""
+    return list(values) if values and len(values) <= MAX_LAYER_LIST else None
+
+
 def facts_from_gguf(facts: GGUFFacts, size_bytes: int) -> dict[str, Any]:
-    model = ModelFacts(
+    arch = facts.architecture
+
+    def arch_int(suffix: str) -> int | None:
+        value = facts.metadata.get(f"{arch}.{suffix}") if arch else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def arch_array(suffix: str) -> list[int] | None:
+        return _layer_list(facts.arrays.get(f"{arch}.{suffix}")) if arch else None
+
+    indexer_types = arch_array("attention.indexer.types")
+    # Out-of-range header values are left out with a warning (facts_within_bounds).
+    model = facts_within_bounds(dict(
         architecture=facts.architecture,
         block_count=facts.block_count,
         embedding_length=facts.embedding_length,
@@ -70,9 +90,21 @@ def facts_from_gguf(facts: GGUFFacts, size_bytes: int) -> dict[str, Any]:
         nextn_predict_layers=facts.nextn_predict_layers,
         expert_count=facts.expert_count,
         expert_used_count=facts.expert_used_count,
+        vocab_size=facts.vocab_size,
         size_bytes=size_bytes or None,
         file_type=facts.file_type_name,
-    )
+        head_count_kv_per_layer=arch_array("attention.head_count_kv"),
+        kv_lora_rank=arch_int("attention.kv_lora_rank"),
+        rope_dimension_count=arch_int("rope.dimension_count"),
+        indexer_head_count=arch_int("attention.indexer.head_count"),
+        indexer_key_length=arch_int("attention.indexer.key_length"),
+        indexer_kpool=arch_int("attention.indexer.kpool"),
+        indexer_types=[bool(t) for t in indexer_types] if indexer_types else None,
+        kda_head_dim=arch_int("kda.head_dim"),
+        ssm_conv_kernel=arch_int("ssm.conv_kernel"),
+        hyper_connection_count=arch_int("hyper_connection.count"),
+        nextn_weights_bytes=facts.nextn_tensor_bytes,
+    ), "GGUF header")
     return model.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 

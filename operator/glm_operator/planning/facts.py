@@ -12,7 +12,7 @@ Layer convention: `block_count` is the number of trunk decoder layers (Hugging F
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -55,6 +55,16 @@ GGUF_FILE_TYPES: dict[int, str] = {
     38: "MXFP4_MOE",
 }
 
+
+def recurrent_layer_count(head_count_kv: Sequence[int], trunk_layers: int) -> int:
+    """Recurrent (KDA) layers among the trunk's: a per-block head_count_kv of 0 marks one
+    (the nextn blocks past the trunk are attention layers)."""
+    return sum(1 for n in list(head_count_kv)[:trunk_layers] if int(n) == 0)
+
+
+def indexer_layer_count(indexer_types: Sequence[int | bool], trunk_layers: int) -> int:
+    """Trunk layers that run the full DSA indexer (GGUF attention.indexer.types true)."""
+    return sum(1 for t in list(indexer_types)[:trunk_layers] if t)
 
 
 @dataclass(frozen=True)
@@ -226,12 +236,12 @@ class ArchitectureFacts:
         kv_heads = key("attention.head_count_kv")
         recurrent = 0
         if isinstance(kv_heads, list | tuple):
-            recurrent = sum(1 for n in list(kv_heads)[:block_count] if int(n) == 0)
+            recurrent = recurrent_layer_count(kv_heads, block_count)
             kv_heads = max(kv_heads, default=None)
         head_count_kv = int(kv_heads or head_count)
         indexer_types = key("attention.indexer.types")
         indexer_layers = (
-            sum(1 for t in list(indexer_types)[:block_count] if t)
+            indexer_layer_count(indexer_types, block_count)
             if isinstance(indexer_types, list | tuple) else None
         )
         vocab = key("vocab_size")

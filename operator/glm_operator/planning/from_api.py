@@ -26,7 +26,11 @@ from glm_operator.api.modelversion import ModelFacts as ApiModelFacts
 from glm_operator.api.modelversion import ModelFormat, ModelVersion
 from glm_operator.layers import trunk_layers
 from glm_operator.planning.accelerators import PROFILES, AcceleratorProfile
-from glm_operator.planning.facts import ArchitectureFacts
+from glm_operator.planning.facts import (
+    ArchitectureFacts,
+    indexer_layer_count,
+    recurrent_layer_count,
+)
 from glm_operator.planning.planner import Alternative, Plan, PlanRequest, plan
 
 FactsSource = Literal["measured", "declared"]
@@ -36,6 +40,9 @@ _COPIED = (
     "key_length", "value_length", "context_length", "nextn_predict_layers", "expert_count",
     "expert_used_count", "parameter_count", "active_parameter_count", "vocab_size",
     "feed_forward_length", "expert_feed_forward_length",
+    "kv_lora_rank", "rope_dimension_count", "indexer_head_count", "indexer_key_length",
+    "indexer_kpool", "kda_head_dim", "ssm_conv_kernel", "hyper_connection_count",
+    "nextn_weights_bytes", "head_count_kv_per_layer", "indexer_types",
 )  # fmt: skip
 
 
@@ -86,6 +93,14 @@ def model_facts_for(model_version: ModelVersion) -> ArchitectureFacts:
             "GGUF header once the fetch Job has run, or can be declared in spec.facts"
         )
     data.setdefault("head_count_kv", data["head_count"])
+    # Per-layer lists become the planner's counts over the trunk layers, as in
+    # ArchitectureFacts.from_gguf_metadata (0 KV heads: a recurrent KDA layer).
+    per_layer_kv = data.pop("head_count_kv_per_layer", None)
+    if per_layer_kv:
+        data["recurrent_layers"] = recurrent_layer_count(per_layer_kv, data["block_count"])
+    types = data.pop("indexer_types", None)
+    if types:
+        data["indexer_layers"] = indexer_layer_count(types, data["block_count"])
     size = model_version.status.size_bytes or (declared.size_bytes if declared else None)
     quantization = _quantization(model_version)
     if size and quantization:

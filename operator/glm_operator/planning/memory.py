@@ -156,6 +156,50 @@ def kv_bytes_per_token(
     return int((attention + indexer) * kv_heads_share)
 
 
+VLLM_INDEXER_QUANT_BLOCK = 128  # DeepseekV32Indexer.quant_block_size: one f32 scale per 128
+
+
+def vllm_indexer_bytes_per_token(facts: ArchitectureFacts) -> Fraction:
+    """vLLM 0.33's DSA indexer key cache per token and indexer layer, whatever the KV type:
+    fp8 keys plus a 4-byte scale per 128 of them, uint8 (vllm/models/deepseek_v32/
+    attention.py DeepseekV32Indexer: `head_dim + head_dim // quant_block_size * 4`); with
+    k-pool compression one such entry per index_kpool tokens (vllm/models/glm5next/common/
+    attention.py Glm5NextIndexerCache, `tokens_per_state = index_kpool`)."""
+    d = facts.indexer_key_length
+    if not d:
+        return Fraction(0)
+    row = d + d // VLLM_INDEXER_QUANT_BLOCK * 4
+    kpool = facts.indexer_kpool or 1
+    return Fraction(row, kpool) if kpool > 1 else Fraction(row)
+
+
+def vllm_kv_bytes_per_token(
+    facts: ArchitectureFacts, kv_dtype: str, *, kv_heads_share: Fraction = Fraction(1)
+) -> int:
+    """KV cache bytes per token of vLLM 0.33 (every layer, nextn included: vLLM allocates
+    them for MTP), for the device holding `kv_heads_share` of the KV heads.
+
+    - GQA: K and V of the device's heads, in `kv_dtype`.
+    - MLA: one latent of kv_lora_rank + qk_rope_head_dim values per token and layer in
+      `kv_dtype`, no V, and the same full latent on every TP rank
+      (vllm/model_executor/layers/attention/mla_attention.py MLAAttention.get_kv_cache_spec:
+      `num_kv_heads=1, max_tp_shards=1, head_size=kv_lora_rank + qk_rope_head_dim`), so
+      `kv_heads_share` does not divide it.
+    - DSA indexer: its fp8 key cache in each indexer layer and the nextn layers
+      (`vllm_indexer_bytes_per_token`; DeepseekV32Attention builds an indexer for every
+      layer that is not skip_topk, and for the MTP layers), also replicated.
+    """
+    layers = kv_layers(facts)
+    if facts.is_mla:
+        attention: Fraction | int = layers * kv_row_bytes(facts.n_embd_k_gqa, kv_dtype)
+    else:
+        k = kv_row_bytes(facts.n_embd_k_gqa, kv_dtype)
+        v = kv_row_bytes(facts.n_embd_v_gqa, kv_dtype)
+        attention = layers * (k + v) * kv_heads_share
+    indexer = indexer_layers(facts) * vllm_indexer_bytes_per_token(facts)
+    return int(attention + indexer)
+
+
 RECURRENT_STATE_BYTES_PER_VALUE = 4  # llama.cpp keeps the R and S states in f32
 
 

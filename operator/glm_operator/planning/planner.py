@@ -638,8 +638,9 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     # KV heads are split across TP ranks; with more ranks than KV heads each rank keeps one.
     heads_per_gpu = max(1, -(-facts.head_count_kv // tp))
     share = Fraction(heads_per_gpu, facts.head_count_kv)
-    kv_per_token_gpu = mem.kv_bytes_per_token(facts, kv_dtype, kv_dtype, kv_heads_share=share)
-    kv_per_token = mem.kv_bytes_per_token(facts, kv_dtype, kv_dtype)
+    # MLA keeps one latent head on every rank, whatever the TP (mem.vllm_kv_bytes_per_token).
+    kv_per_token_gpu = mem.vllm_kv_bytes_per_token(facts, kv_dtype, kv_heads_share=share)
+    kv_per_token = mem.vllm_kv_bytes_per_token(facts, kv_dtype)
     seqs = request.concurrency
     tokens = mem.round_up(request.context_length, VLLM_BLOCK_SIZE) * seqs
     # Pipeline parallel: each node (stage) holds its layers' weights and KV; the largest
