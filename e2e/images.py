@@ -1,6 +1,7 @@
 """Build the runtime images locally, from Debian's packages, with no registry and no Docker.
 
     python -m e2e.images build      # (make images) base, llama.cpp CPU and glm-operator images
+    python -m e2e.images build-cuda # the CUDA llama.cpp image's test build (see below)
     python -m e2e.images podman -- images    # podman on the same private storage
 
 - The base: `mmdebstrap` writes a minimal Debian rootfs (the release in DEBIAN_SUITE, from
@@ -18,6 +19,11 @@
   ~/.cache/glm-operator/images-<hash>/ (the hash of the base's inputs), never the machine's.
   Each image is also tagged `inputs-<hash>`, the hash of its Dockerfile, its context files and
   the base's image ID: an image whose inputs did not change is not rebuilt.
+- The CUDA llama.cpp image (`build-cuda`): built from source inside buildah, the
+  llama-cpp-python sdist and NVIDIA's CUDA wheels (runtime-images/llamacpp/cuda-wheels.txt)
+  downloaded on the host into the cache and passed in the build context (INPUTS=inputs-context),
+  for one SM version without flash-attention kernels (CUDA_TEST_BUILD_ARGS), two jobs at nice 19.
+  Tagged `<rendered name>-test-sm90-nofa`: it must not serve.
 - Runtime: `runc` (Debian's `crun` refuses hybrid cgroup hierarchies) through a
   containers.conf written into the storage folder and named by CONTAINERS_CONF; the machine's
   own configuration is not touched.
@@ -216,10 +222,11 @@ class Store:
                             "image inspect").stdout.strip())
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One builder at a time per storage (parallel test sessions share the cache)."""
+    def locked(self, name: str = "build.lock") -> Iterator[None]:
+        """One builder at a time per storage and lock name (parallel test sessions share the
+        cache)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / "build.lock").open("w") as handle:
+        with (self.root / name).open("w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
@@ -265,10 +272,14 @@ class ImageSpec:
     dockerfile: Path
     reference: str
     target: str = "runtime-prebuilt"
+    build_args: tuple[tuple[str, str], ...] = ()
 
     def inputs_hash(self, base_id: str, files: Sequence[tuple[str, bytes]]) -> str:
-        """The Dockerfile, the target, the base's image ID and (name, content) of the inputs."""
+        """The Dockerfile, the target, the base's image ID, the build arguments (when there are
+        any) and (name, content) of the inputs."""
         parts: list[bytes | str] = [self.dockerfile.read_bytes(), self.target, base_id]
+        for name, value in self.build_args:
+            parts += [f"--build-arg={name}", value]
         for name, content in sorted(files):
             parts += [name, content]
         return _digest(*parts)
@@ -291,17 +302,21 @@ def reuse(store: Store, spec: ImageSpec, inputs: str) -> Built | None:
     return Built(spec.name, spec.reference, store.image_size(spec.reference), 0.0, True)
 
 
-def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs: str) -> Built:
-    """Build `spec` from `context` (its Dockerfile at context/Dockerfile), tagged twice."""
+def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs: str,
+                timeout: float = 3600) -> Built:
+    """Build `spec` from `context` (its Dockerfile at context/Dockerfile), tagged twice. At the
+    lowest CPU priority: the machine is shared, and the compiles inside take every core."""
     cache_tag = spec.cache_tag(inputs)
     log(f"building {spec.reference} ({spec.dockerfile.relative_to(REPO)}, "
         f"target {spec.target})")
     started = time.monotonic()
-    store.run(store.buildah(
+    build_args = [arg for name, value in spec.build_args
+                  for arg in ("--build-arg", f"{name}={value}")]
+    store.run(["nice", "-n", "19", *store.buildah(
         "bud", "--pull=never", "--isolation", "chroot", "--layers=false",
-        "--build-arg", f"BASE={base}", "--target", spec.target,
+        "--build-arg", f"BASE={base}", *build_args, "--target", spec.target,
         "-f", str(context / "Dockerfile"), "-t", cache_tag, "-t", spec.reference,
-        str(context)), f"buildah bud {spec.name}", timeout=3600)
+        str(context))], f"buildah bud {spec.name}", timeout=timeout)
     seconds = time.monotonic() - started
     log(f"{spec.reference} built in {seconds:.0f}s")
     forget_older_builds(store, spec, cache_tag)
@@ -322,6 +337,130 @@ def forget_older_builds(store: Store, spec: ImageSpec, keep: str) -> None:
 def llama_cpu_spec() -> ImageSpec:
     return ImageSpec("llamacpp-cpu", IMAGES_DIR / "llamacpp" / "Dockerfile.cpu",
                      runtime_images()["llamacpp-cpu"])
+
+
+# The CUDA llama.cpp image as the tests build it: one SM version (Hopper: the H200 of
+# planning/accelerators.py, the kind of machine a GPU check gets) and no flash-attention kernels
+# (GGML_CUDA_FA=OFF compiles them as stubs), two compile jobs, the sdist and wheels from the
+# build context. docs/images.md has what this costs and saves.
+CUDA_TEST_BUILD_ARGS: tuple[tuple[str, str], ...] = (
+    ("INPUTS", "inputs-context"),
+    ("CUDA_ARCHITECTURES", "90"),
+    ("GGML_CUDA_FA", "OFF"),
+    ("BUILD_JOBS", "2"),
+)
+CUDA_DIR = IMAGES_DIR / "llamacpp"
+CUDA_WHEELS_FILE = CUDA_DIR / "cuda-wheels.txt"
+# Besides the Dockerfile, what the CUDA image's build reads from runtime-images/llamacpp.
+CUDA_CONTEXT_FILES = ("cuda-toolkit.sh", "cuda-wheels.txt")
+CUDA_BUILD_TIMEOUT = 3 * 3600
+
+
+def llama_cuda_spec() -> ImageSpec:
+    """Tagged apart from what the operator renders: this build must not serve (no FA kernels,
+    one architecture), so no pod spec may pick it up by its release name."""
+    repository, version = runtime_images()["llamacpp-cuda"].rsplit(":", 1)
+    return ImageSpec("llamacpp-cuda", CUDA_DIR / "Dockerfile.cuda",
+                     f"{repository}:{version}-test-sm90-nofa", target="runtime",
+                     build_args=CUDA_TEST_BUILD_ARGS)
+
+
+def _cuda_downloads_folder() -> Path:
+    version = toolchain.versions()["llama_cpp_python"]
+    return toolchain.cache_root() / (
+        f"llamacpp-cuda-downloads-{_digest(version, CUDA_WHEELS_FILE.read_bytes())}")
+
+
+def cuda_downloads() -> Path:
+    """The llama-cpp-python sdist and the CUDA wheels (cuda-wheels.txt, checked against its
+    hashes by pip) downloaded on the host into the toolchain cache: downloads/sdist/*.tar.gz
+    and downloads/wheels/*.whl, as the image's `inputs-context` stage reads them."""
+    version = toolchain.versions()["llama_cpp_python"]
+    folder = _cuda_downloads_folder()
+    if (folder / toolchain.COMPLETE_MARKER).exists():
+        return folder / "downloads"
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    log(f"downloading llama-cpp-python {version} and the CUDA wheels into {folder}")
+    store_free_run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--no-binary", ":all:", "--dest", str(staging / "downloads" / "sdist"),
+                    f"llama-cpp-python=={version}"], "pip download (llama-cpp-python sdist)")
+    store_free_run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--only-binary", ":all:", "--require-hashes",
+                    "--dest", str(staging / "downloads" / "wheels"),
+                    "-r", str(CUDA_WHEELS_FILE)], "pip download (CUDA wheels)", timeout=3600)
+    (staging / toolchain.COMPLETE_MARKER).write_text(f"{version}\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder / "downloads"
+
+
+def _cuda_context(work: Path, downloads: Path) -> Path:
+    """The Dockerfile, cuda-toolkit.sh, cuda-wheels.txt and downloads/ (hard links into the
+    cache where it shares a file system, else copies)."""
+    context = work / "llamacpp-cuda"
+    context.mkdir(parents=True)
+    shutil.copy2(llama_cuda_spec().dockerfile, context / "Dockerfile")
+    for name in CUDA_CONTEXT_FILES:
+        shutil.copy2(CUDA_DIR / name, context / name)
+    for source in sorted(downloads.rglob("*")):
+        if not source.is_file():
+            continue
+        target = context / "downloads" / source.relative_to(downloads)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+    return context
+
+
+def _cuda_inputs(downloads: Path) -> list[tuple[str, bytes]]:
+    """The image's inputs besides the Dockerfile: its scripts, and the sdist and wheels by
+    name and SHA-256 (cuda-wheels.txt pins the wheels' hashes; hashing 500 MB of wheels again
+    on every run would only repeat pip's check)."""
+    files = [(name, (CUDA_DIR / name).read_bytes()) for name in CUDA_CONTEXT_FILES]
+    files += [(f"downloads/{p.relative_to(downloads)}", file_sha256(p).encode())
+              for p in sorted((downloads / "sdist").glob("*"))]
+    files += [(f"downloads/{p.relative_to(downloads)}", b"")
+              for p in sorted((downloads / "wheels").glob("*.whl"))]
+    return files
+
+
+def cached_cuda() -> Built | None:
+    """The CUDA image's test build if one from the current inputs is stored; builds and
+    downloads nothing (the base excepted, which takes minutes, not the compile's hour)."""
+    folder = _cuda_downloads_folder()
+    if not (folder / toolchain.COMPLETE_MARKER).exists():
+        return None
+    store = Store.default()
+    store.prepare()
+    spec = llama_cuda_spec()
+    with store.locked():
+        base_id = store.image_id(ensure_base(store).reference)
+        return reuse(store, spec, spec.inputs_hash(base_id, _cuda_inputs(folder / "downloads")))
+
+
+def build_cuda() -> Built:
+    """The CUDA llama.cpp image's test build (CUDA_TEST_BUILD_ARGS), unless its inputs are
+    unchanged. Under a lock of its own: the compile (most of an hour here) must not hold back
+    the other images' builds on the same storage."""
+    store = Store.default()
+    store.prepare()
+    spec = llama_cuda_spec()
+    with store.locked("build-cuda.lock"):
+        downloads = cuda_downloads()
+        with store.locked():
+            base = ensure_base(store)
+            base_id = store.image_id(base.reference)
+            inputs = spec.inputs_hash(base_id, _cuda_inputs(downloads))
+            cached = reuse(store, spec, inputs)
+        if cached is not None:
+            return cached
+        with tempfile.TemporaryDirectory(prefix="glm-images-cuda-",
+                                         dir=downloads.parent) as tmp:
+            return build_image(store, spec, _cuda_context(Path(tmp), downloads),
+                               base.reference, inputs, timeout=CUDA_BUILD_TIMEOUT)
 
 
 def python_spec() -> ImageSpec:
@@ -441,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build what is missing and print the images")
+    sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (hours cold: "
+                                      "docs/images.md)")
     podman = sub.add_parser("podman", help="run podman on the images' storage")
     podman.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -451,7 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               env=store.env(), check=False).returncode
     started = time.monotonic()
     try:
-        built = build_all()
+        built = [build_cuda()] if args.command == "build-cuda" else build_all()
     except (ImageBuildError, toolchain.BuildError) as exc:
         log(f"FAILED: {exc}")
         return 1
