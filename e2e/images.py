@@ -443,7 +443,7 @@ def cached_cuda() -> Built | None:
 
 def build_cuda() -> Built:
     """The CUDA llama.cpp image's test build (CUDA_TEST_BUILD_ARGS), unless its inputs are
-    unchanged. Under a lock of its own: the compile (most of an hour here) must not hold back
+    unchanged. Under a lock of its own: the compile (34 min here) must not hold back
     the other images' builds on the same storage."""
     store = Store.default()
     store.prepare()
@@ -580,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build what is missing and print the images")
-    sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (hours cold: "
+    sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (35 min cold: "
                                       "docs/images.md)")
     podman = sub.add_parser("podman", help="run podman on the images' storage")
     podman.add_argument("args", nargs=argparse.REMAINDER)

@@ -56,11 +56,12 @@ def cuda_image() -> images.Built:
     cached = images.cached_cuda()
     if cached is not None:
         return cached
-    # A cold build is most of an hour on two cores (docs/images.md): more than a CI run can
+    # A cold build is over half an hour of two cores (docs/images.md): more than a CI run can
     # take beside the toolchain, so it is built only when asked for.
     if os.environ.get(BUILD_SWITCH) != "1":
         pytest.skip(f"the CUDA image's test build is not cached: `python -m e2e.images "
-                    f"build-cuda` (about 50 minutes cold) or {BUILD_SWITCH}=1 builds it")
+                    f"build-cuda` (about 35 minutes cold on two cores) or {BUILD_SWITCH}=1 "
+                    "builds it")
     return images.build_cuda()
 
 
