@@ -76,6 +76,8 @@ def test_release_architectures_are_the_catalogs_nvidia_profiles() -> None:
     for name, sm in catalog.items():
         if sm < CUDA_13_OLDEST_SM:
             assert f"sm_{sm}" in text, f"{name} (sm_{sm}) is not built and not said so"
+            # ... and the built-in profile does not render the image that has no kernels for it
+            assert "llamacpp" not in builtin_profiles()[name].engines, name
 
 
 def test_the_test_build_sets_only_arguments_the_dockerfile_declares() -> None:

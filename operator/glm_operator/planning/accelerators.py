@@ -155,6 +155,7 @@ def _nvidia(
     bf16: bool = True,
     fp8: bool = False,
     max_devices: int = 8,
+    engines: tuple[Engine, ...] = ("llamacpp", "vllm"),
     description: str,
 ) -> AcceleratorProfile:
     return AcceleratorProfile(
@@ -164,8 +165,9 @@ def _nvidia(
         resource_name="nvidia.com/gpu",
         node_labels={_GFD_PRODUCT: products},
         tolerations=_NVIDIA_TOLERATIONS,
-        engines=("llamacpp", "vllm"),
-        images={"llamacpp": images["llamacpp-cuda"], "vllm": VLLM_CUDA_IMAGE},
+        engines=engines,
+        images={e: images["llamacpp-cuda"] if e == "llamacpp" else VLLM_CUDA_IMAGE
+                for e in engines},
         max_devices_per_node=max_devices,
         flash_attention=True,
         bf16=bf16,
@@ -197,9 +199,14 @@ def builtin_profiles(
                 description="NVIDIA H100 80 GB (Hopper, sm_90)"),
         _nvidia("nvidia-h200", 143771, ("NVIDIA-H200", "NVIDIA-H200-NVL"), images=images,
                 fp8=True, description="NVIDIA H200 141 GB (Hopper, sm_90)"),
+        # vLLM only: our llama.cpp CUDA image is built with CUDA 13, which has no sm_70
+        # target (runtime-images/llamacpp/Dockerfile.cuda); llama.cpp on V100 needs a profile
+        # in operator config with a CUDA 12 build of it.
         _nvidia("nvidia-v100-32gb", 32768,
                 ("Tesla-V100-SXM2-32GB", "Tesla-V100-PCIE-32GB"), images=images, bf16=False,
-                description="NVIDIA V100 32 GB (Volta, sm_70): no bf16, no fp8"),
+                engines=("vllm",),
+                description="NVIDIA V100 32 GB (Volta, sm_70): no bf16, no fp8; vLLM only "
+                "(the llama.cpp CUDA image, CUDA 13, has no sm_70 kernels)"),
         AcceleratorProfile(
             name="ascend-910b",
             vendor="huawei",
