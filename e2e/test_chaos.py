@@ -145,11 +145,7 @@ def pinned(name: str, context: int = 8192) -> dict[str, Any]:
 
 
 def fetched_model(kubectl: Kubectl, ns: str, wait_for: Wait) -> str:
-    # ReadWriteMany: a ReadWriteOnce cache would pin every pod of all 50 services to one node
-    # (render/pod.py cache_affinity), and this test is about kills, not that node's room.
-    model_version = copy.deepcopy(CPU_MV)
-    model_version["spec"].setdefault("cache", {})["accessMode"] = "ReadWriteMany"
-    kubectl.apply(model_version, namespace=ns)
+    kubectl.apply(CPU_MV, namespace=ns)  # ReadWriteMany (e2e/test_operator.py says why)
     name: str = CPU_MV["metadata"]["name"]
     wait_for(lambda: kubectl.items("jobs", "-n", ns), timeout=60, what="the fetch Job")
     report_fetched(kubectl, ns, name)

@@ -30,6 +30,11 @@ def example(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 CPU_MV, CPU_SVC = example("cpu-llamacpp")
+# The e2e volumes offer every access mode. The example's ReadWriteOnce cache would pin every
+# pod of a version to the node its first pod took (render/pod.py cache_affinity), and tests
+# that spread replicas, surge or roll two versions would then depend on which node that was;
+# e2e/test_rwo_cache.py tests the pinning itself.
+CPU_MV["spec"].setdefault("cache", {})["accessMode"] = "ReadWriteMany"
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
