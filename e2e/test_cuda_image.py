@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from e2e import images
-from e2e.conftest import in_ci
 from e2e.models import write_tiny_llama
 from e2e.ports import free_port
+from e2e.test_images import require_image_tools
 
 # A cold run compiles llama.cpp with nvcc inside the build (docs/images.md: build times).
 pytestmark = [pytest.mark.timeout(images.CUDA_BUILD_TIMEOUT + 600)]
@@ -44,15 +44,7 @@ NO_DEVICE = ("failed to initialize CUDA: CUDA driver version is insufficient",
 
 @pytest.fixture(scope="module")
 def cuda_image() -> images.Built:
-    problem = None
-    if os.geteuid() != 0:
-        problem = "needs root (rootful podman and buildah)"
-    elif images.missing_tools():
-        problem = f"needs {', '.join(images.missing_tools())} (make deps)"
-    if problem:
-        if in_ci():
-            pytest.fail(f"CUDA image test: {problem}")
-        pytest.skip(f"CUDA image test: {problem}")
+    require_image_tools("CUDA image test")
     cached = images.cached_cuda()
     if cached is not None:
         return cached

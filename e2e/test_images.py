@@ -58,8 +58,8 @@ FS_GROUP = 65532
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu-llamacpp" / "glmservice.yaml"
 
 
-@pytest.fixture(scope="module")
-def built() -> dict[str, images.Built]:
+def require_image_tools(what: str) -> None:
+    """Fail in CI, skip elsewhere, where this machine cannot build and run images."""
     problem = None
     if os.geteuid() != 0:
         problem = "needs root (rootful podman and buildah)"
@@ -67,8 +67,13 @@ def built() -> dict[str, images.Built]:
         problem = f"needs {', '.join(images.missing_tools())} (make deps)"
     if problem:
         if in_ci():
-            pytest.fail(f"image tests: {problem}")
-        pytest.skip(f"image tests: {problem}")
+            pytest.fail(f"{what}: {problem}")
+        pytest.skip(f"{what}: {problem}")
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, images.Built]:
+    require_image_tools("image tests")
     return {image.name: image for image in images.build_all()}
 
 
