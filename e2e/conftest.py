@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 
 from e2e import cluster as local_cluster
-from e2e import toolchain
+from e2e import late_builds, toolchain
 from e2e.kubectl import Kubectl, KubectlError, Manifest
 from e2e.kubectl import wait_for as _wait_for
 from e2e.operator_fixtures import OperatorProcess
@@ -73,10 +73,23 @@ def in_ci() -> bool:
     return _env_flag("CI", False)
 
 
+def _is_e2e(item: pytest.Item) -> bool:
+    return E2E_DIR in Path(str(item.fspath)).resolve().parents
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if E2E_DIR in Path(str(item.fspath)).resolve().parents:
+        if _is_e2e(item):
             item.add_marker(pytest.mark.e2e)
+    late_builds.order(items, _is_e2e)
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Before pytest-timeout's own wrapper starts the test's clock: wait for the components
+    the background build of `make test` is still making (e2e/late_builds.py)."""
+    late_builds.wait(item)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

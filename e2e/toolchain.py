@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from e2e.cache import cache_root
+from e2e.cache import build_lock, cache_root
 
 E2E_DIR = Path(__file__).resolve().parent
 VERSIONS_FILE = E2E_DIR / "versions.toml"
@@ -348,9 +348,17 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
 
 
 def ensure(name: str) -> Path:
-    """Build `name` unless it is cached; return its bin directory."""
+    """Build `name` unless it is cached; return its bin directory. Another process building
+    it at the same time (the background build of `make test`) is waited for, not repeated."""
     if is_cached(name):
         return bin_dir(name)
+    with build_lock(name, log):
+        if is_cached(name):  # built by the process this one waited for
+            return bin_dir(name)
+        return _build(name)
+
+
+def _build(name: str) -> Path:
     version = versions()[name]
     target = component_dir(name)
     log(f"building {name} {version} into {target}")
@@ -372,6 +380,11 @@ def ensure(name: str) -> Path:
     log(f"{name} {version} ready ({int(time.monotonic() - started)}s)")
     return target / "bin"
 
+
+# What the suite needs before its first e2e test: the control plane, the real CRDs, helm.
+# `make test` builds these first and the rest (REST) in the background while the tests that
+# need none of it run (e2e/conftest.py orders the tests and waits for what each one needs).
+FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd", "keda"]
 
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
@@ -417,6 +430,28 @@ def _install_vllm() -> None:
         raise BuildError(f"vllm: {exc}") from exc
 
 
+def _build_in_background(names: Sequence[str], jobs: int, install_vllm: bool,
+                         log_path: Path) -> int:
+    """Start `build` for `names` detached from this process (its own session, so it outlives
+    `make`'s step), at the lowest CPU priority, so the tests running meanwhile keep theirs.
+    Each component's build lock (ensure) makes a test that needs one wait for it instead of
+    building it again."""
+    missing = [n for n in names if not is_cached(n)]
+    if not missing:  # the vLLM venv alone is left to the tests that need it (e2e/conftest.py)
+        log("background build: nothing to build")
+        return 0
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["nice", "-n", "19", sys.executable, "-m", "e2e.toolchain", "build",
+            "--jobs", str(jobs), *([] if install_vllm else missing)]
+    if install_vllm:
+        argv.append("--rest")
+    with log_path.open("ab") as out:
+        subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         cwd=E2E_DIR.parent, start_new_session=True)
+    log(f"background build started ({', '.join(missing) or 'the vLLM venv'}); log: {log_path}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.toolchain", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -425,6 +460,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("components", nargs="*", help=f"any of: {', '.join(BUILDERS)}")
     build.add_argument("--jobs", type=int, default=int(os.environ.get("GLM_TOOLCHAIN_JOBS", "2")),
                        help="components built at once (default 2, env GLM_TOOLCHAIN_JOBS)")
+    group = build.add_mutually_exclusive_group()
+    group.add_argument("--first", action="store_true",
+                       help=f"only what every e2e test needs: {', '.join(FIRST)}")
+    group.add_argument("--rest", action="store_true",
+                       help="everything but --first, and the vLLM venv")
+    build.add_argument("--background", metavar="LOG", type=Path,
+                       help="build in a detached process at nice 19, logging to LOG, and return "
+                            "at once (make test: the tests run meanwhile)")
     path = sub.add_parser("path", help="print a component's bin directory")
     path.add_argument("component", choices=list(BUILDERS))
     sub.add_parser("list", help="show what is cached")
@@ -433,8 +476,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         unknown = sorted(set(args.components) - set(BUILDERS))
         if unknown:
             parser.error(f"unknown component(s) {unknown}; choose from {sorted(BUILDERS)}")
-        failures = build_all(args.components or list(BUILDERS), jobs=args.jobs,
-                             install_vllm=not args.components)
+        names = args.components or list(BUILDERS)
+        if args.first or args.rest:
+            names = [n for n in names if (n in FIRST) == args.first]
+        install_vllm = not args.components and not args.first
+        if args.background is not None:
+            return _build_in_background(names, args.jobs, install_vllm, args.background)
+        failures = build_all(names, jobs=args.jobs, install_vllm=install_vllm)
         for failure in failures:
             log(f"BUILD FAILED: {failure}")
         return 1 if failures else 0

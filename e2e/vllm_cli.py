@@ -22,7 +22,7 @@ from typing import Any
 
 from glm_operator.planning.accelerators import VLLM_CUDA_IMAGE
 
-from e2e.cache import cache_root
+from e2e.cache import build_lock, cache_root
 
 VLLM_VERSION = VLLM_CUDA_IMAGE.rpartition(":v")[2]
 DOCKERFILE = Path(__file__).resolve().parents[1] / "runtime-images" / "vllm" / "Dockerfile.cuda"
@@ -60,6 +60,13 @@ def ensure_vllm() -> Path:
     expected = f"vllm {VLLM_VERSION}\nray {ray_version()}\n"
     if marker.exists() and marker.read_text() == expected:
         return _python(venv)
+    with build_lock(venv.name, lambda line: print(f"[vllm] {line}", flush=True)):
+        if marker.exists() and marker.read_text() == expected:  # installed meanwhile
+            return _python(venv)
+        return _install(venv, marker, expected)
+
+
+def _install(venv: Path, marker: Path, expected: str) -> Path:
     if venv.exists():
         shutil.rmtree(venv)  # a half-made venv from an interrupted install
     venv.parent.mkdir(parents=True, exist_ok=True)
