@@ -54,8 +54,8 @@ FIELD_MANAGER = "glm-e2e-cluster"
 
 # Fixed ports, below the Linux ephemeral range (32768+) so an outgoing connection never holds
 # one. `up` refuses to start, naming the port and its owner, when one is taken.
-# GLM_E2E_PORT_OFFSET shifts them all, to run a second cluster (with its own
-# GLM_E2E_STATE_DIR) next to the shared one.
+# GLM_E2E_PORT_OFFSET shifts them all, to run a second cluster (with its own state directory,
+# see state_dir) next to the shared one.
 _PORT_OFFSET = int(os.environ.get("GLM_E2E_PORT_OFFSET", "0"))
 PORTS = {
     name: port + _PORT_OFFSET
@@ -90,8 +90,13 @@ def log(message: str) -> None:
 
 
 def state_dir() -> Path:
+    """.e2e, or .e2e-<offset> for a second cluster (GLM_E2E_PORT_OFFSET), so two clusters
+    started from one checkout never share kwokctl's directory (nor stop each other's
+    processes, which `down` finds by it)."""
     configured = os.environ.get("GLM_E2E_STATE_DIR")
-    return Path(configured).resolve() if configured else REPO_ROOT / ".e2e"
+    if configured:
+        return Path(configured).resolve()
+    return REPO_ROOT / (f".e2e-{_PORT_OFFSET}" if _PORT_OFFSET else ".e2e")
 
 
 def kubeconfig_path() -> Path:
