@@ -60,7 +60,8 @@ def test_a_killed_build_leaves_no_lock_behind(tmp_path: Path) -> None:
     hung.wait(timeout=10)
     after = subprocess.run([sys.executable, "-c", BUILDER, str(done)], env=env,
                            capture_output=True, text=True, timeout=30, check=True)
-    assert after.stdout.split() == ["holding", "built"]  # no wait: the kernel dropped the dead one's lock
+    # No wait: the kernel dropped the dead one's lock.
+    assert after.stdout.split() == ["holding", "built"]
 
 
 class Item:
