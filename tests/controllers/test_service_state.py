@@ -381,11 +381,28 @@ def test_a_device_memory_target_below_the_plan_is_left_out_with_the_numbers() ->
     assert [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]] == [
         "glm_gateway_requests_queued"]
 
+    # Above the plan, but out of the HPA's reach: nothing above vLLM's 90 % can scale.
     svc["spec"]["autoscaling"]["targets"]["acceleratorMemoryUtilization"] = 95
+    svc["status"] = dump(decision)
+    decision = decide(svc, [ready_mv(mv)])
+    unreachable = cond(decision, "AutoscalingTargetsValid")
+    assert (unreachable.status, unreachable.reason) == ("False", "MemoryTargetUnreachable")
+    assert "out of the HPA's reach" in unreachable.message
+
+    # A KV cache target above 90 % as well: both are named, device memory's reason first.
+    svc["spec"]["autoscaling"]["targets"]["kvCacheUtilization"] = 95
+    svc["status"] = dump(decision)
+    decision = decide(svc, [ready_mv(mv)])
+    both = cond(decision, "AutoscalingTargetsValid")
+    assert (both.status, both.reason) == ("False", "MemoryTargetUnreachable")
+    assert "kvCacheUtilization 95 %" in both.message
+    assert "The HPA scales on glm_gateway_requests_queued." in both.message
+
+    svc["spec"]["autoscaling"]["targets"] = {"kvCacheUtilization": 90, "queueLength": 2}
     svc["status"] = dump(decision)
     kept = cond(decide(svc, [ready_mv(mv)]), "AutoscalingTargetsValid")
     assert (kept.status, kept.reason) == ("True", "TargetsUsable")
-    assert "kept as a guard" in kept.message
+    assert "glm_kv_cache_utilization_percent" in kept.message
 
     svc["spec"].pop("autoscaling")
     svc["spec"]["replicas"] = 1

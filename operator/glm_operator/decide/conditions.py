@@ -181,13 +181,14 @@ def _plan_message(p: Plan) -> str:
 
 def _autoscaling_condition(targets: TargetsChoice) -> tuple[bool, str, str]:
     """Whether every autoscaling target can act under the plan (a device-memory target at or
-    below the planned steady figure cannot; render leaves it out)."""
-    check, metrics = targets.check, targets.metric_names
-    if check is not None and not check.usable:
+    below the planned steady figure cannot, nor a percentage the HPA's tolerance puts out of
+    reach; render leaves them out)."""
+    check, metrics, failed = targets.check, targets.metric_names, targets.failed
+    if failed:
         rest = (f" The HPA scales on {', '.join(metrics)}." if metrics else
                 " No other target is set: no HPA is rendered and the main pool keeps its "
                 "size.")
-        return False, check.reason, check.message() + rest
+        return False, failed[0].reason, " ".join(c.message() for c in failed) + rest
     message = f"the HPA scales on {', '.join(metrics)}"
     if check is not None:
         message += f"; {check.message()}"

@@ -52,6 +52,28 @@ def target_values(autoscaling: Autoscaling) -> dict[str, float]:
 
 _GIB = 2**30
 
+# kube-controller-manager's --horizontal-pod-autoscaler-tolerance default: the HPA changes the
+# replica count only when the pods' average is more than 10 % off the target.
+HPA_TOLERANCE = 0.1
+
+
+def _highest_reachable_percent(tolerance: float) -> int:
+    """The highest whole-percent target a share that stops at 100 % can pass by more than
+    the tolerance (100 / target > 1 + tolerance): 90 with the default."""
+    return math.ceil(100 / (1 + tolerance)) - 1
+
+
+# A percentage target above this never scales anything up: even every pod at 100 % is within
+# the tolerance of it (a KV cache target of 95 would need 104.5 %).
+HIGHEST_REACHABLE_PERCENT = _highest_reachable_percent(HPA_TOLERANCE)
+
+
+def _out_of_reach(field: str, target: int) -> str:
+    return (f"{field} {target} % is out of the HPA's reach: the HPA adds replicas only when "
+            f"the pods' average is more than {HPA_TOLERANCE:.0%} over the target "
+            f"(kube-controller-manager's tolerance), and a share stops at 100 %, so a target "
+            f"above {HIGHEST_REACHABLE_PERCENT} % never scales up")
+
 
 @dataclass(frozen=True)
 class DeviceMemoryCheck:
@@ -76,13 +98,28 @@ class DeviceMemoryCheck:
     @property
     def usable(self) -> bool:
         planned = self.planned_percent
-        return planned is not None and self.target_percent > planned
+        return (planned is not None and planned < self.target_percent
+                <= HIGHEST_REACHABLE_PERCENT)
 
     @property
     def reason(self) -> str:
         if self.usable:
             return "MemoryTargetAbovePlan"
-        return "MemoryTargetBelowPlan" if self.device_bytes else "NoDeviceMemory"
+        if not self.device_bytes:
+            return "NoDeviceMemory"
+        if self.target_percent <= (self.planned_percent or 0):
+            return "MemoryTargetBelowPlan"
+        return "MemoryTargetUnreachable"
+
+    def _guard_advice(self) -> str:
+        lowest_guard = math.floor(self.planned_percent or 0) + 1
+        if lowest_guard > HIGHEST_REACHABLE_PERCENT:
+            return (f"No device-memory target can act under this plan: one above it is out "
+                    f"of the HPA's reach (above {HIGHEST_REACHABLE_PERCENT} %). Scale on "
+                    f"{KV_CACHE_UTILIZATION.target_field} (the KV cache share in use).")
+        return (f"Scale on {KV_CACHE_UTILIZATION.target_field} (the KV cache share in use, "
+                f"which moves with load), or keep device memory as a guard with a target "
+                f"from {lowest_guard} to {HIGHEST_REACHABLE_PERCENT} %.")
 
     def message(self) -> str:
         field = f"{ACCELERATOR_MEMORY_UTILIZATION.target_field} {self.target_percent} %"
@@ -95,13 +132,14 @@ class DeviceMemoryCheck:
                    f"per device: {self.basis})")
         if self.usable:
             return f"{field} is above {planned}: kept as a guard"
-        lowest_guard = math.floor(self.planned_percent or 0) + 1
+        if self.reason == "MemoryTargetUnreachable":
+            reach = _out_of_reach(ACCELERATOR_MEMORY_UTILIZATION.target_field,
+                                  self.target_percent)
+            return (f"{reach} (the plan's steady figure is {planned}). It is left out of the "
+                    f"HPA. {self._guard_advice()}")
         return (f"{field} is at or below {planned}, held from the moment the model loads "
                 f"at any traffic: every pod would stay over target and the HPA at "
-                f"maxReplicas. It is left out of the HPA. Scale on "
-                f"{KV_CACHE_UTILIZATION.target_field} (the KV cache share in use, which moves "
-                f"with load), or keep device memory as a guard with a target of "
-                f"{lowest_guard} % or more.")
+                f"maxReplicas. It is left out of the HPA. {self._guard_advice()}")
 
 
 def device_memory_check(autoscaling: Autoscaling, plan: Plan) -> DeviceMemoryCheck | None:
@@ -123,36 +161,73 @@ def device_memory_check(autoscaling: Autoscaling, plan: Plan) -> DeviceMemoryChe
         f"{(m.compute + m.overhead) / _GIB:.1f} GiB, allocated by llama.cpp at load")
 
 
-def _unusable(check: DeviceMemoryCheck | None) -> frozenset[str]:
-    if check is None or check.usable:
-        return frozenset()
-    return frozenset({ACCELERATOR_MEMORY_UTILIZATION.target_field})
+@dataclass(frozen=True)
+class KvCacheCheck:
+    """Can a kvCacheUtilization target ever scale? The share stops at 100 %, and the HPA acts
+    only beyond its tolerance: above HIGHEST_REACHABLE_PERCENT, never."""
+
+    target_percent: int
+
+    @property
+    def usable(self) -> bool:
+        return self.target_percent <= HIGHEST_REACHABLE_PERCENT
+
+    @property
+    def reason(self) -> str:
+        return "KvCacheTargetReachable" if self.usable else "KvCacheTargetUnreachable"
+
+    def message(self) -> str:
+        field = KV_CACHE_UTILIZATION.target_field
+        return (f"{_out_of_reach(field, self.target_percent)}. It is left out of the HPA: set "
+                f"it to {HIGHEST_REACHABLE_PERCENT} % or less.")
+
+
+def kv_cache_check(autoscaling: Autoscaling) -> KvCacheCheck | None:
+    target = autoscaling.targets.kv_cache_utilization
+    return None if target is None else KvCacheCheck(target)
+
+
+def _unusable(check: DeviceMemoryCheck | None, kv: KvCacheCheck | None) -> frozenset[str]:
+    out = set()
+    if check is not None and not check.usable:
+        out.add(ACCELERATOR_MEMORY_UTILIZATION.target_field)
+    if kv is not None and not kv.usable:
+        out.add(KV_CACHE_UTILIZATION.target_field)
+    return frozenset(out)
 
 
 def unusable_targets(autoscaling: Autoscaling, plan: Plan) -> frozenset[str]:
-    """Target fields the HPA must leave out under this plan (see DeviceMemoryCheck)."""
-    return _unusable(device_memory_check(autoscaling, plan))
+    """Target fields the HPA must leave out under this plan (see DeviceMemoryCheck and
+    KvCacheCheck)."""
+    return _unusable(device_memory_check(autoscaling, plan), kv_cache_check(autoscaling))
 
 
 @dataclass(frozen=True)
 class TargetsChoice:
-    """What the main pool's autoscaler scales on under one plan: the device-memory check
-    (None: no such target) and the HPA metrics of the targets left after it. Made once per
-    render; the HPA, KEDA's triggers and the AutoscalingTargetsValid condition read it."""
+    """What the main pool's autoscaler scales on under one plan: the device-memory and KV
+    cache checks (None: no such target) and the HPA metrics of the targets left after them.
+    Made once per render; the HPA, KEDA's triggers and the AutoscalingTargetsValid condition
+    read it."""
 
     check: DeviceMemoryCheck | None
-    unusable: frozenset[str]  # target fields left out (see DeviceMemoryCheck)
+    unusable: frozenset[str]  # target fields left out (see the checks)
     metrics: list[dict[str, Any]]  # the HPA's spec.metrics
+    kv_check: KvCacheCheck | None = None
 
     @property
     def metric_names(self) -> list[str]:
         return [m["pods"]["metric"]["name"] for m in self.metrics]
 
+    @property
+    def failed(self) -> list[DeviceMemoryCheck | KvCacheCheck]:
+        """The checks whose target is left out, device memory first."""
+        return [c for c in (self.check, self.kv_check) if c is not None and not c.usable]
+
 
 def choose_targets(autoscaling: Autoscaling, plan: Plan) -> TargetsChoice:
-    check = device_memory_check(autoscaling, plan)
-    unusable = _unusable(check)
-    return TargetsChoice(check, unusable, hpa_metrics(autoscaling, unusable))
+    check, kv = device_memory_check(autoscaling, plan), kv_cache_check(autoscaling)
+    unusable = _unusable(check, kv)
+    return TargetsChoice(check, unusable, hpa_metrics(autoscaling, unusable), kv)
 
 
 def hpa_metrics(autoscaling: Autoscaling, leave_out: Collection[str] = ()) -> list[dict[str, Any]]:
