@@ -45,7 +45,12 @@ class BuildError(RuntimeError):
 def versions() -> dict[str, str]:
     with VERSIONS_FILE.open("rb") as handle:
         data = tomllib.load(handle)
-    return {name: str(table["version"]) for name, table in data.items()}
+    pinned = {name: str(table["version"]) for name, table in data.items()}
+    return {**pinned, **{name: pinned[pin] for name, pin in SAME_VERSION_AS.items()}}
+
+
+# Components built from a module pinned under another component's name (one pin, two caches).
+SAME_VERSION_AS = {"keda_controller": "keda"}
 
 
 def component_dir(name: str) -> Path:
@@ -59,11 +64,18 @@ def _llama_flags_key() -> str:
     return flags_key()
 
 
+def _keda_trim_key() -> str:
+    from e2e.keda_build import trim_key
+
+    return trim_key()
+
+
 # Components whose build has options beyond their version: the options' hash joins the cache
 # directory name, so changing one rebuilds.
 BUILD_KEYS: dict[str, Callable[[], str]] = {
     "llama_cpp_python": _llama_flags_key,
     "lws": lambda: "controller",  # the CRD alone was cached under the plain name before
+    "keda_controller": _keda_trim_key,
 }
 
 
@@ -321,6 +333,14 @@ def build_lws(version: str, out: Path, work: Path) -> None:
     (out / "cmd").rename(out / "lws-manager")
 
 
+def build_keda_controller(version: str, out: Path, work: Path) -> None:
+    """keda-operator and keda-adapter from a trimmed copy of the KEDA module, and its CRDs:
+    e2e/keda_build.py says what is cut and why."""
+    from e2e.keda_build import build_keda_controller as build
+
+    build(version, out, work)
+
+
 def build_llama_server(version: str, out: Path, work: Path) -> None:
     """llama-server and ggml-rpc-server (CPU) from the llama.cpp tree vendored in the
     llama-cpp-python sdist. The cmake flags are the ones runtime-images/llamacpp/Dockerfile.cpu
@@ -339,6 +359,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
     "keda": fetch_keda,
+    "keda_controller": build_keda_controller,
     "lws": build_lws,
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
@@ -388,7 +409,8 @@ FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "
 
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
-    "kubernetes", "minio", "llama_cpp_python", "custom_metrics_apiserver", "lws", "kwok",
+    "kubernetes", "minio", "llama_cpp_python", "keda_controller", "custom_metrics_apiserver",
+    "lws", "kwok",
     "helm", "etcd",
 ]
 
