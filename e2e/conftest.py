@@ -73,15 +73,11 @@ def in_ci() -> bool:
     return _env_flag("CI", False)
 
 
-def _is_e2e(item: pytest.Item) -> bool:
-    return E2E_DIR in Path(str(item.fspath)).resolve().parents
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if _is_e2e(item):
+        if late_builds.is_e2e(item):
             item.add_marker(pytest.mark.e2e)
-    late_builds.order(items, _is_e2e)
+    late_builds.order(items, late_builds.is_e2e)
 
 
 @pytest.hookimpl(tryfirst=True, wrapper=True)

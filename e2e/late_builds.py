@@ -33,14 +33,17 @@ from e2e import toolchain
 
 VLLM = "vllm"  # not a toolchain component: the venv of e2e/vllm_cli.py
 
-# Fixture name -> what its setup builds. A fixture that starts to need another late component
-# is added here; a test needing one unlisted still works, it only waits inside its timeout.
+# Fixture name -> what its setup builds (names no unit test uses as a parameter: pytest lists
+# parametrize arguments among an item's fixtures too). A fixture that starts to need another
+# late component is added here; a test needing one unlisted still works, it only waits inside
+# its timeout.
 BY_FIXTURE: dict[str, tuple[str, ...]] = {
     "llama_binary": ("llama_cpp_python",),
     "custom_metrics": ("custom_metrics_apiserver",),
+    "keda_controller": ("keda_controller",),
     "minio": ("minio",),
     "lws_crd": ("lws",),
-    "lws": ("lws",),
+    "lws_cluster": ("lws",),
     "vllm_python": (VLLM,),
     "vllm_lists": (VLLM,),
     "vllm_engine": (VLLM,),
@@ -55,7 +58,17 @@ LATE_ORDER: tuple[str, ...] = (
 )
 
 
+E2E_DIR = Path(__file__).resolve().parent
+
+
+def is_e2e(item: pytest.Item) -> bool:
+    return E2E_DIR in Path(str(item.fspath)).resolve().parents
+
+
 def needs(item: pytest.Item) -> tuple[str, ...]:
+    """The late components an e2e test needs (none for a unit test)."""
+    if not is_e2e(item):
+        return ()
     found: list[str] = []
     for name in getattr(item, "fixturenames", ()):
         found += BY_FIXTURE.get(name, ())

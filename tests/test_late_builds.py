@@ -69,7 +69,7 @@ class Item:
 
     def __init__(self, path: str, fixtures: tuple[str, ...] = (),
                  markers: tuple[str, ...] = ()) -> None:
-        self.fspath = path
+        self.fspath = str(REPO / path)
         self.fixturenames = fixtures
         self.markers = markers
         self.nodeid = path
@@ -88,8 +88,8 @@ def test_modules_needing_late_components_run_last_in_the_order_they_are_built() 
         Item("e2e/test_d_hpa.py", fixtures=("custom_metrics",)),
         Item("e2e/test_e_smoke.py"),
     ]
-    late_builds.order(items, lambda item: str(item.fspath).startswith("e2e/"))  # type: ignore[arg-type]
-    assert [i.fspath for i in items] == [
+    late_builds.order(items, late_builds.is_e2e)  # type: ignore[arg-type]
+    assert [str(Path(i.fspath).relative_to(REPO)) for i in items] == [
         "e2e/test_b_operator.py", "tests/test_unit.py", "e2e/test_e_smoke.py",
         "e2e/test_c_s3.py", "e2e/test_c_s3.py", "e2e/test_d_hpa.py", "e2e/test_a_gateway.py",
     ]
@@ -99,11 +99,14 @@ def test_modules_needing_late_components_run_last_in_the_order_they_are_built() 
     ((), (), ()),
     (("llama_binary", "kubectl"), ("llama",), ("llama_cpp_python",)),
     (("vllm_python",), (), (late_builds.VLLM,)),
-    (("lws_crd", "lws"), (), ("lws",)),
+    (("lws_crd", "lws_cluster"), (), ("lws",)),
+    (("lws",), (), ()),  # a parametrize argument of a unit test, not the fixture
 ])
 def test_what_a_test_needs_comes_from_its_fixtures_and_markers(
         fixtures: tuple[str, ...], markers: tuple[str, ...], expected: tuple[str, ...]) -> None:
     assert late_builds.needs(Item("e2e/x.py", fixtures, markers)) == expected  # type: ignore[arg-type]
+    unit = Item("tests/render/x.py", fixtures, markers)
+    assert late_builds.needs(unit) == ()  # type: ignore[arg-type]
 
 
 def test_every_late_component_is_one_the_toolchain_builds_or_the_vllm_venv() -> None:
