@@ -36,6 +36,9 @@ import yaml
 
 # 10.250.0.0/16 is carved into /30 links, one per port offset: offsets 0..16383 never share.
 LINK_RANGE = ipaddress.IPv4Network("10.250.0.0/16")
+# A second server of the same cluster (KEDA's metrics API, e2e/keda_controller.py) gets a
+# link of its own: its range and the letter in its names.
+LINKS = {"": LINK_RANGE, "k": ipaddress.IPv4Network("10.251.0.0/16")}
 LINK_PREFIX = 30
 COMMAND_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
@@ -58,16 +61,18 @@ class VethNamespace:
     inner_ip: str
 
     @classmethod
-    def for_cluster(cls, offset: int | None = None) -> VethNamespace:
-        """The namespace of the cluster at `offset` (default: GLM_E2E_PORT_OFFSET)."""
+    def for_cluster(cls, offset: int | None = None, link: str = "") -> VethNamespace:
+        """The namespace of the cluster at `offset` (default: GLM_E2E_PORT_OFFSET); `link`
+        (a key of LINKS) picks a second one of the same cluster."""
         offset = _port_offset() if offset is None else offset
-        links = 2 ** (LINK_PREFIX - LINK_RANGE.prefixlen)
+        network = LINKS[link]
+        links = 2 ** (LINK_PREFIX - network.prefixlen)
         if not 0 <= offset < links:
             raise NetnsError(f"GLM_E2E_PORT_OFFSET={offset} is outside 0..{links - 1}")
-        base = LINK_RANGE.network_address + offset * 2 ** (32 - LINK_PREFIX)
+        base = network.network_address + offset * 2 ** (32 - LINK_PREFIX)
         # Interface names are limited to 15 characters.
-        return cls(name=f"glm-e2e-{offset}", host_if=f"glmh{offset}", inner_if=f"glmn{offset}",
-                   host_ip=str(base + 1), inner_ip=str(base + 2))
+        return cls(name=f"glm-e2e-{link}{offset}", host_if=f"glm{link}h{offset}",
+                   inner_if=f"glm{link}n{offset}", host_ip=str(base + 1), inner_ip=str(base + 2))
 
     # --- commands --------------------------------------------------------------------------
 

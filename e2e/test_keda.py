@@ -4,8 +4,9 @@
 The operator applies its ScaledObject by server-side apply, so the API server validates it
 against the real CRD schema; a switch between HPA and KEDA leaves exactly one scaler object;
 an edited or deleted ScaledObject comes back at the next resync; an operator that restarts
-prunes the ScaledObject of a switch it did not see. KEDA's own controller is not run here:
-docs/autoscaling.md says what building it costs.
+prunes the ScaledObject of a switch it did not see. KEDA's own controller is not run in this
+module (nothing here needs it): e2e/test_keda_controller.py runs KEDA's real operator and
+metrics API server (e2e/keda_controller.py) and scales a pool on these ScaledObjects.
 """
 
 from __future__ import annotations
