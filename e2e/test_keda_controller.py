@@ -238,6 +238,12 @@ def hpa_managers(hpa: dict[str, Any]) -> set[str]:
     return {entry["manager"] for entry in hpa["metadata"].get("managedFields", [])}
 
 
+def child_writes(operator: OperatorProcess) -> dict[str, float]:
+    """The operator's writes (applies, deletes, hand-overs) of the kinds KEDA also touches."""
+    return {kind: operator.metric("glm_operator_child_writes_total", kind=kind)
+            for kind in ("ScaledObject", "HorizontalPodAutoscaler", "Deployment")}
+
+
 def reconciles(operator: OperatorProcess) -> float:
     return operator.metric("glm_operator_reconciles_total", kind="GLMService", result="ok")
 
@@ -303,6 +309,7 @@ def test_keda_scales_the_pool_on_the_rendered_query_and_the_operator_keeps_out_o
     gateways.wait_scraped(query, QUEUE_TARGET * MAX_REPLICAS)
     generation = kubectl.get_json("deployment", deploy_name, "-n", ns)["metadata"]["generation"]
     hpa_before = kubectl.get_json("hpa", hpa, "-n", ns)
+    writes_before = child_writes(keda_operator)
     before = reconciles(keda_operator)
     for touch in range(3):
         kubectl("annotate", "glmservice", SERVICE, "-n", ns,
@@ -320,6 +327,10 @@ def test_keda_scales_the_pool_on_the_rendered_query_and_the_operator_keeps_out_o
         hpa_managers(hpa_after))
     assert desired(kubectl, ns, hpa) == MAX_REPLICAS
     assert [s["metadata"]["name"] for s in scaled_objects(kubectl, ns)] == [so_name]
+    # Nor does it write the ScaledObject again (KEDA adds its label, finalizer and status to
+    # it), or any Deployment or HPA, in those reconciles.
+    assert child_writes(keda_operator) == writes_before, (writes_before,
+                                                          child_writes(keda_operator))
 
     # Quiet: down to minReplicas once the (shortened) stabilisation window has passed.
     clock = Clock()
