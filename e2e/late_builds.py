@@ -54,7 +54,7 @@ BY_MARKER: dict[str, tuple[str, ...]] = {
 # The order the background build finishes them in (two at a time, llama-server alongside the
 # Go builds and longest); tests run in this order too. The vLLM venv is mostly download.
 LATE_ORDER: tuple[str, ...] = (
-    VLLM, "minio", "custom_metrics_apiserver", "lws", "keda_controller", "llama_cpp_python",
+    VLLM, "minio", "keda_controller", "custom_metrics_apiserver", "lws", "llama_cpp_python",
 )
 
 
