@@ -108,8 +108,12 @@ def resync_forever(interval: float, stop: threading.Event) -> None:
         rt = runtime()
         try:
             rt.sweeper.sweep_from_thread(timeout=interval)
+        except TimeoutError:  # it goes on in the operator's loop; the next one waits for it
+            log.info("resync: the sweep for deleted objects takes longer than the %g s "
+                     "resync interval; not waiting for it", interval)
         except Exception as exc:  # the reconciles below still run on what is indexed
-            log.warning("resync: the sweep for deleted objects failed: %s", exc)
+            log.warning("resync: the sweep for deleted objects failed: %s: %s",
+                        type(exc).__name__, exc)
         indexes = rt.latest_indexes()
         services = indexes.get("glmservices")
         if services is None:
