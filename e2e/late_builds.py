@@ -54,8 +54,10 @@ BY_MARKER: dict[str, tuple[str, ...]] = {
 # The order the background build finishes them in (two at a time, llama-server alongside the
 # Go builds and longest); tests run in this order too. The vLLM venv is mostly download.
 LATE_ORDER: tuple[str, ...] = (
-    VLLM, "minio", "keda_controller", "custom_metrics_apiserver", "lws", "llama_cpp_python",
+    VLLM, "minio", "lws", "keda_controller", "custom_metrics_apiserver", "llama_cpp_python",
 )
+# (LeaderWorkerSet and KEDA before the HPA modules: those fill the CPU nodes with pods that
+# take a while to go, and the LeaderWorkerSet groups need the nodes' room.)
 
 
 E2E_DIR = Path(__file__).resolve().parent
