@@ -56,8 +56,8 @@ BY_MARKER: dict[str, tuple[str, ...]] = {
 LATE_ORDER: tuple[str, ...] = (
     VLLM, "minio", "lws", "keda_controller", "custom_metrics_apiserver", "llama_cpp_python",
 )
-# (LeaderWorkerSet and KEDA before the HPA modules: those fill the CPU nodes with pods that
-# take a while to go, and the LeaderWorkerSet groups need the nodes' room.)
+# (LeaderWorkerSet and KEDA before the HPA modules: their waits are outside the tests'
+# timeouts, and KEDA's module then runs on nodes the HPA tests' pods have not used yet.)
 
 
 E2E_DIR = Path(__file__).resolve().parent
