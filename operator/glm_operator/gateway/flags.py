@@ -179,6 +179,45 @@ FLAGS: tuple[Flag, ...] = (
 )
 BY_DEST: dict[str, Flag] = {flag.dest: flag for flag in FLAGS}
 
+PickerFailureMode = Literal["open", "closed"]
+PICKER_FAILURE_MODES: tuple[PickerFailureMode, ...] = ("open", "closed")
+
+# `glm-operator gateway --router`: the router in front of a service's pools (router/). It
+# shares the gateway's listener, its client limits and its API-server flags; keys, limits
+# and audit stay in the pods' gateways, so none of those flags is here.
+ROUTER_SHARED = ("host", "port", "service_name", "namespace", "kube_api_server",
+                 "kube_token_path", "kube_ca_path", "max_body_bytes", "max_connections",
+                 "max_buffered_bytes", "write_stall_timeout", "connect_timeout",
+                 "read_timeout", "drain_seconds")
+ROUTER_FLAGS: tuple[Flag, ...] = (
+    Flag("--router", "run as the service's router, not as a pod's gateway", bool, False,
+         "switch"),
+    *(BY_DEST[dest] for dest in ROUTER_SHARED),
+    Flag("--routes-configmap",
+         "the ConfigMap holding routes.json (versions, weights, pools), watched through the "
+         "API server", required=True),
+    Flag("--picker-address",
+         "the endpoint picker's ext-proc gRPC address; empty: pick the least-loaded ready "
+         "pod of the chosen version", default="", metavar="HOST:PORT"),
+    Flag("--picker-timeout", "seconds the picker may take per request", float, 0.1),
+    Flag("--picker-failure-mode",
+         "when the picker fails or is slow: open = any ready pod of the chosen version, "
+         "closed = 503 with Retry-After", default="open", choices=PICKER_FAILURE_MODES),
+    Flag("--pod-port", "the pods' gateway port (the picker's target port)", int, 8080),
+    Flag("--max-waiting",
+         "requests held at once while a version wakes or has no ready pod; one more is 503",
+         int, 256),
+    Flag("--chars-per-token",
+         "characters per token, to tell a prompt too long for the main pool without a "
+         "tokenizer; the pods' own overflow remains the fallback", float, 4.0),
+)
+ROUTER_BY_DEST: dict[str, Flag] = {flag.dest: flag for flag in ROUTER_FLAGS}
+
+
+def write_router(values: Mapping[str, Any]) -> list[str]:
+    """The router's arguments for `values` (by flag dest, in the order given)."""
+    return [arg for dest, value in values.items() for arg in ROUTER_BY_DEST[dest].write(value)]
+
 
 def write(values: Mapping[str, Any]) -> list[str]:
     """The gateway's arguments for `values` (by flag dest, in the order given)."""
