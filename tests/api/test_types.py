@@ -286,3 +286,67 @@ def test_plan_summary_keeps_everything_the_planner_reports() -> None:
                 assert camel in stored[section], f"status.plan.{section}.{camel} would be lost"
         assert stored["engine"] == engine and stored["accelerator"] == accelerator
         assert set(summary) - {"alternatives"} <= set(stored) | {"alternatives"}
+
+
+# --- spec.routing and scale from zero -------------------------------------------------------
+
+AUTOSCALED_FROM_ZERO = {"minReplicas": 0, "maxReplicas": 4, "targets": {"queueLength": 2}}
+
+
+def test_routing_defaults_to_the_service_and_its_documented_values() -> None:
+    spec = GLMServiceSpec.model_validate(service_spec())
+    assert spec.routing.mode == "Service" and not spec.endpoint_picker
+    assert (spec.routing.failure_mode, spec.routing.router_replicas, spec.routing.idle_seconds,
+            spec.routing.max_waiting_requests) == ("FailOpen", 2, 600, 256)
+    assert not spec.main_pool_may_sleep
+
+
+def test_min_replicas_zero_is_scale_from_zero_with_the_endpoint_picker() -> None:
+    spec = GLMServiceSpec.model_validate(service_spec(
+        routing={"mode": "EndpointPicker", "idleSeconds": 120}, autoscaling=AUTOSCALED_FROM_ZERO))
+    assert spec.endpoint_picker and spec.main_pool_may_sleep
+    # Auto may still resolve to the HPA; only an explicit KEDA is refused.
+    assert spec.autoscaling is not None and spec.autoscaling.scaler == "Auto"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({}, "needs spec.routing.mode EndpointPicker"),
+    ({"routing": {"mode": "Service"}}, "needs spec.routing.mode EndpointPicker"),
+    ({"routing": {"mode": "EndpointPicker"},
+      "autoscaling": {**AUTOSCALED_FROM_ZERO, "scaler": "KEDA"}}, "KEDA is not built yet"),
+    ({"routing": {"mode": "EndpointPicker"},
+      "accelerator": {"profile": "nvidia-a10", "nodes": 2}}, "multi-node replicas"),
+])
+def test_min_replicas_zero_is_refused_where_nothing_would_wake_the_pool(
+        overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        GLMServiceSpec.model_validate(service_spec(
+            **{"autoscaling": AUTOSCALED_FROM_ZERO, **overrides}))
+
+
+def test_endpoint_picker_with_min_replicas_one_or_fixed_replicas_is_fine() -> None:
+    # The control of the rules above: they are about minReplicas 0 only.
+    for overrides in ({"autoscaling": {**AUTOSCALED_FROM_ZERO, "minReplicas": 1,
+                                       "scaler": "KEDA"}},
+                      {"replicas": 3}, {"replicas": 0}):
+        spec = GLMServiceSpec.model_validate(service_spec(
+            routing={"mode": "EndpointPicker"}, **overrides))
+        assert spec.endpoint_picker and not spec.main_pool_may_sleep
+
+
+def test_the_crd_carries_the_scale_from_zero_rules_with_their_messages() -> None:
+    from glm_operator.api.crdgen import structural_schema
+    from glm_operator.api.glmservice import (
+        SCALE_FROM_ZERO_NEEDS_PICKER,
+        SCALE_FROM_ZERO_NOT_MULTI_NODE,
+        SCALE_FROM_ZERO_NOT_WITH_KEDA,
+    )
+
+    rules = {r["message"]: r for r in
+             structural_schema(GLMServiceSpec)["x-kubernetes-validations"]}
+    for message in (SCALE_FROM_ZERO_NEEDS_PICKER, SCALE_FROM_ZERO_NOT_WITH_KEDA,
+                    SCALE_FROM_ZERO_NOT_MULTI_NODE):
+        assert rules[message]["fieldPath"] == ".autoscaling.minReplicas"
+        assert "self.autoscaling.minReplicas != 0" in rules[message]["rule"]
+    assert "spec.autoscaling.minReplicas" in SCALE_FROM_ZERO_NEEDS_PICKER
+    assert "spec.routing.mode" in SCALE_FROM_ZERO_NEEDS_PICKER

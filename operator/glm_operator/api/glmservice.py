@@ -249,7 +249,12 @@ class Autoscaling(SpecModel):
         }
     }
 
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Lower bound.")
+    min_replicas: int = Field(
+        default=1, ge=0, le=1000,
+        description="Lower bound. 0 (scale from zero) needs routing.mode EndpointPicker: the "
+        "operator scales the pool to zero after routing.idleSeconds without a request and "
+        "the router wakes it on the next one (the HPA itself keeps a floor of 1 while pods "
+        "run). Not with scaler KEDA, nor with multi-node replicas, yet.")
     max_replicas: int = Field(ge=1, le=1000, description="Upper bound.")
     targets: AutoscalingTargets = Field(description="Per-replica metric targets.")
     behavior: ScalingBehavior | None = Field(
@@ -272,6 +277,65 @@ class Autoscaling(SpecModel):
                 f"autoscaling.maxReplicas ({self.max_replicas})"
             )
         return self
+
+
+class RoutingMode(StrEnum):
+    """How client requests reach the engine pods (spec.routing.mode)."""
+
+    SERVICE = "Service"  # the Service spreads connections over ready engine pods
+    ENDPOINT_PICKER = "EndpointPicker"  # a router asks an endpoint picker for each request
+
+
+class FailureMode(StrEnum):
+    """What the router does when the endpoint picker is down or slow (spec.routing.failureMode)."""
+
+    FAIL_OPEN = "FailOpen"  # any ready pod of the chosen version
+    FAIL_CLOSE = "FailClose"  # 503 with Retry-After
+
+
+MAX_ROUTER_REPLICAS = 16
+
+
+class Routing(SpecModel):
+    """LLM-aware routing: a router in front of the main pool asks an endpoint picker (the
+    Gateway API Inference Extension's EPP) which pod should serve each request, from the
+    pods' queues, KV-cache use and prompt-prefix affinity; it also splits traffic between
+    versions by the rollout's weights and wakes a main pool scaled to zero."""
+
+    mode: RoutingMode = Field(
+        default=RoutingMode.SERVICE,
+        description="Service (default): the client-facing Service spreads connections over "
+        "the ready engine pods, which is all a one-replica service can use. EndpointPicker: "
+        "the Service selects a router Deployment (routerReplicas pods) that picks the pod "
+        "for each request through an endpoint picker Deployment; it costs those two "
+        "Deployments and a hop, so opt in where replicas are above 1 (the picker keeps a "
+        "conversation's prefix on the pod that has it cached and avoids busy pods) or for "
+        "scale from zero (autoscaling.minReplicas 0 needs it: the router holds requests "
+        "while the pool wakes).",
+    )
+    failure_mode: FailureMode = Field(
+        default=FailureMode.FAIL_OPEN,
+        description="When the endpoint picker does not answer in time or is down: FailOpen "
+        "(default) sends the request to any ready pod of the version the weights chose; "
+        "FailClose answers 503 with Retry-After.",
+    )
+    router_replicas: int = Field(
+        default=2, ge=1, le=MAX_ROUTER_REPLICAS,
+        description="Router pods (2 survives the loss of one node; the router holds no state "
+        "a peer lacks).",
+    )
+    idle_seconds: int = Field(
+        default=600, ge=30, le=86400,
+        description="With autoscaling.minReplicas 0: seconds without a request after which "
+        "the operator scales a version's main pool to zero (the router wakes it on the next "
+        "one). Ignored otherwise.",
+    )
+    max_waiting_requests: int = Field(
+        default=256, ge=1, le=10000,
+        description="Requests each router pod holds while a pool wakes from zero or has no "
+        "ready pod; one more is answered 503.",
+    )
+
 
 
 class LongContext(SpecModel):
@@ -508,6 +572,19 @@ ACCESS_CONTRADICTS_KEYS = (
 # may predate the access rule (a GLMService stored before spec.gateway.access existed), and
 # the operator reports that (condition OpenAccess) rather than refusing to reconcile it.
 ADMITTED = "admitted"
+# Scale from zero of the main pool (spec.autoscaling.minReplicas 0): the rules shared by the
+# CEL on GLMServiceSpec and the pydantic check.
+SCALE_FROM_ZERO_NEEDS_PICKER = (
+    "spec.autoscaling.minReplicas 0 needs spec.routing.mode EndpointPicker: only the router "
+    "holds a request while the main pool wakes from zero; set spec.routing.mode: "
+    "EndpointPicker, or autoscaling.minReplicas to 1 or more")
+SCALE_FROM_ZERO_NOT_WITH_KEDA = (
+    "spec.autoscaling.minReplicas 0 with spec.autoscaling.scaler KEDA is not built yet (KEDA "
+    "would scale the sleeping pool back to its minReplicaCount): use scaler HPA or Auto, "
+    "or minReplicas 1 or more")
+SCALE_FROM_ZERO_NOT_MULTI_NODE = (
+    "spec.autoscaling.minReplicas 0 with multi-node replicas (accelerator.nodes above 1) is "
+    "not built yet: the router wakes a Deployment, not a group; use minReplicas 1 or more")
 # KV cache element types each engine's pinned build takes (llama-server -ctk/-ctv, vLLM
 # --kv-cache-dtype). planning/memory.py sizes them; tests/api checks the two lists agree.
 LLAMACPP_KV_CACHE_TYPES: tuple[str, ...] = (
@@ -1001,6 +1078,25 @@ class GLMServiceSpec(SpecModel):
                     "fieldPath": ".gateway",
                 },
                 {
+                    "rule": "!has(self.autoscaling) || self.autoscaling.minReplicas != 0 || "
+                    "(has(self.routing) && has(self.routing.mode) && "
+                    "self.routing.mode == 'EndpointPicker')",
+                    "message": SCALE_FROM_ZERO_NEEDS_PICKER,
+                    "fieldPath": ".autoscaling.minReplicas",
+                },
+                {
+                    "rule": "!has(self.autoscaling) || self.autoscaling.minReplicas != 0 || "
+                    "!has(self.autoscaling.scaler) || self.autoscaling.scaler != 'KEDA'",
+                    "message": SCALE_FROM_ZERO_NOT_WITH_KEDA,
+                    "fieldPath": ".autoscaling.minReplicas",
+                },
+                {
+                    "rule": "!has(self.autoscaling) || self.autoscaling.minReplicas != 0 || "
+                    "!has(self.accelerator.nodes) || self.accelerator.nodes == 1",
+                    "message": SCALE_FROM_ZERO_NOT_MULTI_NODE,
+                    "fieldPath": ".autoscaling.minReplicas",
+                },
+                {
                     "rule": "!has(self.gateway) || !has(self.gateway.access) || "
                     "self.gateway.access != 'Open' || !has(self.gateway.apiKeysSecret)",
                     "message": ACCESS_CONTRADICTS_KEYS,
@@ -1080,7 +1176,9 @@ class GLMServiceSpec(SpecModel):
         default=None,
         ge=0,
         le=1000,
-        description="Fixed replica count (1 when neither replicas nor autoscaling is set).",
+        description="Fixed replica count (1 when neither replicas nor autoscaling is set). 0 "
+        "stops the service: no pod runs and nothing wakes one (scale from zero on demand is "
+        "autoscaling.minReplicas 0 with routing.mode EndpointPicker).",
     )
     autoscaling: Autoscaling | None = Field(
         default=None, description="Autoscaling instead of a fixed replica count."
@@ -1089,6 +1187,11 @@ class GLMServiceSpec(SpecModel):
         default=None, description="Overflow pool for prompts longer than contextLength."
     )
     gateway: Gateway = Field(default_factory=Gateway, description="Gateway sidecar settings.")
+    routing: Routing = Field(
+        default_factory=Routing,
+        description="How requests reach the main pool's pods: the Service (default), or a "
+        "router and an endpoint picker (LLM-aware load balancing, scale from zero).",
+    )
     rollout: Rollout = Field(default_factory=Rollout, description="Version rollout policy.")
     engine_args: list[str] | None = Field(
         default=None,
@@ -1139,6 +1242,7 @@ class GLMServiceSpec(SpecModel):
             raise ValueError(ACCESS_NOT_CHOSEN)
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError("replicas and autoscaling are mutually exclusive: set one")
+        self._scale_from_zero_is_possible()
         if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
             raise ValueError("engine vllm does not run on the cpu accelerator profile")
         self._engine_settings_fit_the_engine()
@@ -1161,6 +1265,18 @@ class GLMServiceSpec(SpecModel):
                 f"than contextLength ({self.context_length})"
             )
         return self
+
+    def _scale_from_zero_is_possible(self) -> None:
+        """The CEL rules on autoscaling.minReplicas 0, mirrored."""
+        autoscaling = self.autoscaling
+        if autoscaling is None or autoscaling.min_replicas != 0:
+            return
+        if self.routing.mode != RoutingMode.ENDPOINT_PICKER:
+            raise ValueError(SCALE_FROM_ZERO_NEEDS_PICKER)
+        if autoscaling.scaler == Scaler.KEDA:
+            raise ValueError(SCALE_FROM_ZERO_NOT_WITH_KEDA)
+        if self.accelerator.nodes != 1:
+            raise ValueError(SCALE_FROM_ZERO_NOT_MULTI_NODE)
 
     def _engine_settings_fit_the_engine(self) -> None:
         """The CEL rules on kvCacheType, kvUnified, loadMode and cpuOffload, mirrored."""
@@ -1200,6 +1316,17 @@ class GLMServiceSpec(SpecModel):
     def effective_replicas(self) -> int:
         """Replicas when autoscaling is off."""
         return 1 if self.replicas is None else self.replicas
+
+    @property
+    def endpoint_picker(self) -> bool:
+        """Requests go through the router and the endpoint picker (spec.routing.mode)."""
+        return self.routing.mode == RoutingMode.ENDPOINT_PICKER
+
+    @property
+    def main_pool_may_sleep(self) -> bool:
+        """The main pool scales from zero: autoscaling.minReplicas 0 (EndpointPicker only)."""
+        return (self.endpoint_picker and self.autoscaling is not None
+                and self.autoscaling.min_replicas == 0)
 
 
 class GLMService(SpecModel):

@@ -243,18 +243,22 @@ class RolloutRecord(StatusModel):
 
 
 class PoolStatus(StatusModel):
-    """One pool of engine pods (the long-context pool)."""
+    """One pool of engine pods that may sleep: the long-context pool, or the main pool of a
+    service that scales from zero (status.mainPool)."""
 
     replicas: int = Field(default=0, ge=0)
     ready_replicas: int = Field(default=0, ge=0)
     endpoint: str | None = None
+    model_version: str | None = Field(
+        default=None, description="status.mainPool: the ModelVersion whose main pool the idle "
+        "times describe (another version starts its own).")
     last_activity_time: datetime | None = Field(
-        default=None, description="The last long request seen (the pool's activity Lease), or "
+        default=None, description="The last request the pool served (its activity Lease), or "
         "when the operator saw the pool wake, whichever is later; as of its last check.")
     scale_to_zero_time: datetime | None = Field(
         default=None, description="When the operator scales the awake pool to zero unless a "
-        "long request comes first (it checks the activity Lease again then); absent while "
-        "the pool sleeps or when minReplicas keeps it up.")
+        "request comes first (it checks the activity Lease again then); absent while the "
+        "pool sleeps or when minReplicas keeps it up.")
 
 
 class GLMServiceStatus(StatusModel):
@@ -304,3 +308,6 @@ class GLMServiceStatus(StatusModel):
         "newest first."
     )
     long_context: PoolStatus | None = None
+    main_pool: PoolStatus | None = Field(
+        default=None, description="With autoscaling.minReplicas 0 (scale from zero): the "
+        "serving version's main pool and when it goes back to zero.")
