@@ -4,7 +4,7 @@ outside their timeout.
 `make test` builds only what every e2e test needs first (toolchain.FIRST: the control plane,
 the CRDs, helm), then starts the rest in a detached build at nice 19 and runs the suite at
 once: the unit tests and the e2e tests that need nothing more use the time llama-server,
-MinIO, LeaderWorkerSet, KEDA and the vLLM venv take to build. Here:
+MinIO, LeaderWorkerSet, the endpoint picker, KEDA and the vLLM venv take to build. Here:
 
 - `needs(item)` says which of those a test needs, from its fixtures and the `llama` marker
   (no test module lists them by hand);
@@ -41,6 +41,7 @@ BY_FIXTURE: dict[str, tuple[str, ...]] = {
     "llama_binary": ("llama_cpp_python",),
     "custom_metrics": ("custom_metrics_apiserver",),
     "keda_controller": ("keda_controller",),
+    "epp_binary": ("epp",),
     "minio": ("minio",),
     "lws_crd": ("lws",),
     "lws_cluster": ("lws",),
@@ -54,7 +55,8 @@ BY_MARKER: dict[str, tuple[str, ...]] = {
 # The order the background build finishes them in (two at a time, llama-server alongside the
 # Go builds and longest); tests run in this order too. The vLLM venv is mostly download.
 LATE_ORDER: tuple[str, ...] = (
-    VLLM, "minio", "lws", "keda_controller", "custom_metrics_apiserver", "llama_cpp_python",
+    VLLM, "minio", "lws", "epp", "keda_controller", "custom_metrics_apiserver",
+    "llama_cpp_python",
 )
 # (LeaderWorkerSet and KEDA before the HPA modules: their waits are outside the tests'
 # timeouts, and KEDA's module then runs on nodes the HPA tests' pods have not used yet.)

@@ -341,6 +341,14 @@ def build_keda_controller(version: str, out: Path, work: Path) -> None:
     build(version, out, work)
 
 
+def build_epp(version: str, out: Path, work: Path) -> None:
+    """The Gateway API Inference Extension's endpoint picker (`epp`, the module's cmd/epp):
+    e2e/epp_build.py says how and why it is built in a copy of the module."""
+    from e2e.epp_build import build_epp as build
+
+    build(version, out, work)
+
+
 def build_llama_server(version: str, out: Path, work: Path) -> None:
     """llama-server and ggml-rpc-server (CPU) from the llama.cpp tree vendored in the
     llama-cpp-python sdist. The cmake flags are the ones runtime-images/llamacpp/Dockerfile.cpu
@@ -364,6 +372,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "llama_cpp_python": build_llama_server,
     "minio": build_minio,
     "custom_metrics_apiserver": build_custom_metrics_apiserver,
+    "epp": build_epp,
 }
 
 
@@ -410,7 +419,7 @@ FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
     "kubernetes", "minio", "llama_cpp_python", "keda_controller", "custom_metrics_apiserver",
-    "lws", "kwok",
+    "lws", "epp", "kwok",
     "helm", "etcd",
 ]
 

@@ -100,6 +100,7 @@ def test_modules_needing_late_components_run_last_in_the_order_they_are_built() 
     (("llama_binary", "kubectl"), ("llama",), ("llama_cpp_python",)),
     (("vllm_python",), (), (late_builds.VLLM,)),
     (("lws_crd", "lws_cluster"), (), ("lws",)),
+    (("epp_binary", "kubectl"), (), ("epp",)),
     (("lws",), (), ()),  # a parametrize argument of a unit test, not the fixture
 ])
 def test_what_a_test_needs_comes_from_its_fixtures_and_markers(
