@@ -36,7 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)
-            module.add_arguments(command_parser)
+            # A subcommand whose flags depend on one of them (`gateway --router`) sees them.
+            add_for = getattr(module, "add_arguments_for", None)
+            if add_for is not None:
+                add_for(command_parser, args_list)
+            else:
+                module.add_arguments(command_parser)
             command_parser.set_defaults(_run=module.run)
     args = parser.parse_args(args_list)
     result: int = args._run(args)

@@ -16,6 +16,10 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gateway_config.add_arguments(parser)
+    _add_process_arguments(parser)
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     parser.add_argument(
         "--event-loop", choices=EVENT_LOOPS,
@@ -86,3 +90,45 @@ async def serve(gateway: Gateway, host: str, port: int, drain_seconds: float) ->
         await server.stop(drain_seconds)
     finally:
         await gateway.stop()
+
+
+def add_arguments_for(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """`gateway --router` takes the router's flags (flags.py ROUTER_FLAGS), else the
+    gateway's own."""
+    if "--router" in argv:
+        from glm_operator.gateway.flags import ROUTER_FLAGS
+
+        gateway_config.add_arguments(parser, ROUTER_FLAGS)
+        _add_process_arguments(parser)
+        parser.set_defaults(_run=run_router)
+    else:
+        add_arguments(parser)
+
+
+def run_router(args: argparse.Namespace) -> int:
+    from glm_operator.gateway.router import config as router_config
+    from glm_operator.gateway.router.app import RouterApp
+    from glm_operator.gateway.router.app import serve as serve_router
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = router_config.from_args(args)
+    except ValueError as exc:
+        logging.getLogger(__name__).error("invalid configuration: %s", exc)
+        return 2
+    try:
+        loop = new_event_loop(args.event_loop)
+    except ImportError:
+        logging.getLogger(__name__).error("--event-loop uvloop: uvloop is not installed")
+        return 2
+    app = RouterApp(config)
+    logging.getLogger(__name__).info(
+        "router for %s/%s on %s:%d, picker %s (fails %s)", config.namespace,
+        config.service_name, config.host, config.port, config.picker_address or "none",
+        config.picker_failure_mode)
+    try:
+        loop.run_until_complete(serve_router(app))
+    finally:
+        loop.close()
+    return 0

@@ -182,9 +182,9 @@ def _env_note(flag: Flag) -> str:
     return f"[{flag.env}]"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The table of flags (flags.py), with their environment variables as defaults."""
-    for flag in FLAGS:
+def add_arguments(parser: argparse.ArgumentParser, flags: tuple[Flag, ...] = FLAGS) -> None:
+    """A table of flags (flags.py), with their environment variables as defaults."""
+    for flag in flags:
         options: dict[str, Any] = {"help": f"{flag.help} {_env_note(flag)}".lstrip()}
         if flag.kind == "switch":
             options.update(action="store_true", default=_env_default(flag))
@@ -210,7 +210,7 @@ def _repeated_from_env(flag: Flag) -> list[str]:
     return [item for item in os.environ.get(flag.env, "").split("\n") if item]
 
 
-def _api_access(args: argparse.Namespace) -> dict[str, Any]:
+def api_access(args: argparse.Namespace) -> dict[str, Any]:
     """Where and as whom the gateway calls the API server (the wake, the activity Lease)."""
     return {"namespace": args.namespace, "api_server": args.kube_api_server.rstrip("/"),
             "token_path": args.kube_token_path,
@@ -225,7 +225,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
             raise ValueError("--long-context-deployment needs --long-context-url")
         wake = WakeConfig(
             deployment=args.long_context_deployment,
-            **_api_access(args),
+            **api_access(args),
             health_path=args.long_context_health_path,
             timeout_seconds=args.wake_timeout,
         )
@@ -240,7 +240,7 @@ def from_args(args: argparse.Namespace) -> GatewayConfig:
     activity = None
     if args.activity_lease:
         activity = ActivityConfig(
-            lease=args.activity_lease, **_api_access(args),
+            lease=args.activity_lease, **api_access(args),
             identity=socket.gethostname(),  # the pod's name in Kubernetes
         )
     return GatewayConfig(

@@ -8,8 +8,9 @@ import `kubernetes`.
 
 from __future__ import annotations
 
+import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,10 @@ from typing import Any
 import aiohttp
 
 REQUEST_TIMEOUT_SECONDS = 10.0
+# A watch's silence before it is opened again (the server sends bookmarks meanwhile, and
+# ends a watch itself after its timeout), and the longest event it may send.
+WATCH_READ_TIMEOUT_SECONDS = 330.0
+MAX_WATCH_EVENT_BYTES = 8 * 1024 * 1024
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -61,8 +66,34 @@ class PodTokenApi:
             body: dict[str, Any] = await response.json()
         return body
 
-    async def get(self, path: str) -> dict[str, Any]:
-        return await self._request("GET", path)
+    async def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return await self._request("GET", path, query=query)
+
+    async def watch(self, path: str, query: Mapping[str, str]) -> AsyncIterator[dict[str, Any]]:
+        """The events of a watch on `path` (a list URL; `query` has resourceVersion and the
+        selectors), one dict each, until the server ends it. An event longer than
+        MAX_WATCH_EVENT_BYTES ends it too (ApiCallError): the caller lists again."""
+        url = self.api_server + path
+        params = {**query, "watch": "1", "allowWatchBookmarks": "true"}
+        async with self._session.get(url, headers=self._headers(), ssl=self._ssl,
+                                     params=params,
+                                     timeout=aiohttp.ClientTimeout(
+                                         total=None, sock_connect=REQUEST_TIMEOUT_SECONDS,
+                                         sock_read=WATCH_READ_TIMEOUT_SECONDS)) as response:
+            if response.status != 200:
+                text = await response.text()
+                raise ApiCallError(f"GET {url} (watch): HTTP {response.status}: {text[:300]}")
+            pending = bytearray()
+            async for data in response.content.iter_any():
+                pending += data
+                while (end := pending.find(b"\n")) >= 0:
+                    line = bytes(pending[:end])
+                    del pending[:end + 1]
+                    if line.strip():
+                        yield json.loads(line)
+                if len(pending) > MAX_WATCH_EVENT_BYTES:
+                    raise ApiCallError(f"GET {url} (watch): an event over "
+                                       f"{MAX_WATCH_EVENT_BYTES} bytes")
 
     async def merge_patch(self, path: str, patch: bytes,
                           query: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -74,7 +74,8 @@ class KeptAliveConnection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
 
     def post(self, path: str, authority: str, body: bytes, read_timeout: float | None,
-             on_answer: AnswerHook | None = None) -> asyncio.Future[tuple[EngineHead, bytes]]:
+             on_answer: AnswerHook | None = None, extra_headers: bytes = b""
+             ) -> asyncio.Future[tuple[EngineHead, bytes]]:
         """Write the request; NeverWritten (at once) when the connection had closed."""
         if not self.writable:
             raise NeverWritten("the engine had closed the connection")
@@ -86,8 +87,8 @@ class KeptAliveConnection(asyncio.Protocol):
             self._timer = self._loop.call_later(read_timeout, self._timed_out, read_timeout)
         self.transport.write(
             b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%b"
-            % (path.encode(), authority.encode(), len(body), body))
+            b"Content-Length: %d\r\n%b\r\n%b"
+            % (path.encode(), authority.encode(), len(body), extra_headers, body))
         return answer
 
     # --- asyncio.Protocol and httptools callbacks --------------------------------------------
@@ -161,10 +162,11 @@ class EnginePool:
         self._read_timeout = read_timeout
         self._idle: list[tuple[KeptAliveConnection, float]] = []  # newest last
 
-    async def post(self, path: str, body: bytes, on_answer: AnswerHook | None = None
-                   ) -> tuple[EngineHead, bytes]:
+    async def post(self, path: str, body: bytes, on_answer: AnswerHook | None = None,
+                   extra_headers: bytes = b"") -> tuple[EngineHead, bytes]:
         """POST JSON and return the whole answer; `on_answer` sees it first, as it is
-        parsed. Sent again only where it was never written (its connection had closed);
+        parsed; `extra_headers`: whole header lines (CRLF-terminated) to send along.
+        Sent again only where it was never written (its connection had closed);
         EngineDropped when the engine closed the connection after it was written."""
         loop = asyncio.get_running_loop()
         for _ in range(STALE_RETRIES + 1):
@@ -173,7 +175,8 @@ class EnginePool:
                 connection = await self._connect(loop)
             try:
                 head, answer = await connection.post(path, self.address.authority, body,
-                                                     self._read_timeout, on_answer)
+                                                     self._read_timeout, on_answer,
+                                                     extra_headers)
             except NeverWritten:
                 connection.abort()
                 continue  # closed before the write: the engine never saw the request

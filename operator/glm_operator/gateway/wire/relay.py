@@ -102,8 +102,9 @@ class EngineExchange(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.fd = socket_fd(transport)
 
-    def send(self, path: str, authority: str, body: bytes) -> None:
-        """Write the request (a POST of JSON); the read timeout counts from here."""
+    def send(self, path: str, authority: str, body: bytes, extra_headers: bytes = b"") -> None:
+        """Write the request (a POST of JSON, `extra_headers` whole CRLF-terminated lines);
+        the read timeout counts from here."""
         assert self.transport is not None
         self.sent = True
         self._last_data = self._loop.time()
@@ -111,8 +112,8 @@ class EngineExchange(asyncio.Protocol):
             self._timer = self._loop.call_later(self._read_timeout, self._check_timeout)
         self.transport.write(
             b"POST %b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%b"
-            % (path.encode(), authority.encode(), len(body), body))
+            b"Content-Length: %d\r\nConnection: close\r\n%b\r\n%b"
+            % (path.encode(), authority.encode(), len(body), extra_headers, body))
 
     def data_received(self, data: bytes) -> None:
         self._last_data = self._loop.time()
@@ -374,7 +375,7 @@ class EngineConnector:
             return None
         return spare
 
-    async def open(self, path: str, body: bytes) -> EngineExchange:
+    async def open(self, path: str, body: bytes, extra_headers: bytes = b"") -> EngineExchange:
         """Send one POST; return once the answer's head has arrived. EngineDropped when the
         engine closed the connection after the request was written (never sent twice)."""
         exchange = self._take_spare() if self._keep_spare else None
@@ -382,7 +383,7 @@ class EngineConnector:
             self._opening = asyncio.create_task(self._open_spare())
         if exchange is None:
             exchange = await self._connect()
-        exchange.send(path, self.address.authority, body)
+        exchange.send(path, self.address.authority, body, extra_headers)
         try:
             await exchange.head
         except BaseException:

@@ -1,0 +1,423 @@
+"""The router (gateway/router/) in one process: its real HTTP server, real pod gateways'
+stand-ins (our own HTTP server answering as a pod's gateway does), and a stand-in endpoint
+picker speaking the real ext-proc protocol over gRPC. The real EPP, real gateways and real
+llama-servers are e2e/test_routing.py's; here the router's own decisions are pinned down:
+exact weights, the pin, the long-context shortcut, the failure modes, holding requests while
+a version has no ready pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from glm_operator.gateway.router.app import RouterApp, prompt_chars
+from glm_operator.gateway.router.config import RouterConfig
+from glm_operator.gateway.router.forward import cache_report
+from glm_operator.gateway.router.picker import (
+    DESTINATION_HEADER,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+    destination,
+    request_messages,
+)
+from glm_operator.gateway.router.pods import ready_by_version
+from glm_operator.gateway.router.table import TableError, WeightedSplit, parse
+from glm_operator.gateway.wire.messages import Request, Response, Router, Streamed
+from glm_operator.gateway.wire.server import HttpServer
+from glm_operator.wellknown import VERSION_LABEL
+
+# --- the route table ---------------------------------------------------------------------------
+
+
+def table_json(weights: dict[str, int], *, min_replicas: int = 1, context: int = 0,
+               long_url: str | None = None, wake_timeout: float = 5.0) -> str:
+    return json.dumps({
+        "versions": [{"name": name, "weight": weight, "deployment": f"svc-{name}",
+                      "minReplicas": min_replicas, "wakeTimeoutSeconds": wake_timeout,
+                      "activityLease": None} for name, weight in weights.items()],
+        "mainContextTokens": context,
+        "longContext": {"url": long_url, "contextTokens": 100_000} if long_url else None,
+    })
+
+
+def test_the_table_parses_what_the_operator_writes() -> None:
+    table = parse(table_json({"v1": 90, "v2": 10}, context=4096, long_url="http://lc:8080"))
+    assert table.names == ("v1", "v2")
+    assert table.main_context_tokens == 4096
+    assert table.long_context is not None and table.long_context.url == "http://lc:8080"
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("not json", "not JSON"),
+    ("[]", "must be an object"),
+    ('{"versions": []}', "1 to 16"),
+    (table_json({"v1": 90, "v2": 20}), "sum to 110"),
+    (table_json({"v1": 101}), "weight must be 0..100"),
+    ('{"versions": [{"name": "a", "weight": 100}]}', "deployment is missing"),
+    ('{"versions": [{"name": "a", "weight": true, "deployment": "d"}]}', "weight must be int"),
+    ('{"versions": [{"name": "a", "weight": 50, "deployment": "d"},'
+     ' {"name": "a", "weight": 50, "deployment": "e"}]}', "twice"),
+    ('{"versions": [{"name": "a", "weight": 100, "deployment": "d", '
+     '"wakeTimeoutSeconds": -1}]}', "wakeTimeoutSeconds"),
+    ("x" * 70_000, "bytes, over"),
+])
+def test_a_bad_table_is_refused_naming_the_field(text: str, says: str) -> None:
+    with pytest.raises(TableError, match=says):
+        parse(text)
+
+
+def test_the_split_gives_each_version_its_weight_exactly() -> None:
+    split = WeightedSplit(parse(table_json({"v1": 90, "v2": 7, "v3": 3})).versions)
+    picks = [split.next() for _ in range(500)]
+    assert (picks.count("v1"), picks.count("v2"), picks.count("v3")) == (450, 35, 15)
+    # exact within one request over any 100 in a row, not only over the whole run
+    for start in range(0, 400, 37):
+        window = picks[start:start + 100]
+        assert abs(window.count("v2") - 7) <= 1 and abs(window.count("v3") - 3) <= 1
+
+
+def test_a_version_at_zero_weight_gets_nothing() -> None:
+    split = WeightedSplit(parse(table_json({"v1": 100, "v2": 0})).versions)
+    assert {split.next() for _ in range(50)} == {"v1"}
+
+
+# --- pods, the picker's messages, the engines' cache counts -----------------------------------
+
+
+def pod(name: str, version: str, ip: str, ready: bool = True, **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {VERSION_LABEL: version}, **extra},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def test_only_ready_pods_with_an_address_count() -> None:
+    pods = [pod("a", "v1", "10.0.0.1"), pod("b", "v1", "10.0.0.2", ready=False),
+            pod("c", "v2", "10.0.0.3"), pod("d", "v1", ""),
+            pod("e", "v1", "10.0.0.5", deletionTimestamp="2026-01-01T00:00:00Z"),
+            pod("f", "v1", "fd00::6")]
+    ready = ready_by_version(pods, 8080)
+    assert [e.address for e in ready["v1"]] == ["10.0.0.1:8080", "[fd00::6]:8080"]
+    assert [e.address for e in ready["v2"]] == ["10.0.0.3:8080"]
+
+
+def test_the_picker_gets_headers_then_the_body_with_the_subset_on_each() -> None:
+    body = b"x" * (2 * 1024 * 1024 + 5)
+    messages = request_messages({":path": "/v1/chat/completions"}, body, ["1.2.3.4:8080"])
+    assert messages[0].HasField("request_headers")
+    assert not messages[0].request_headers.end_of_stream
+    pieces = [m.request_body for m in messages[1:]]
+    assert b"".join(p.body for p in pieces) == body
+    assert [p.end_of_stream for p in pieces] == [False, False, True]
+    for message in messages:  # the EPP reads the metadata of the message it acts on
+        hint = message.metadata_context.filter_metadata[SUBSET_NAMESPACE]
+        assert list(hint.fields[SUBSET_KEY].list_value.values[0].string_value
+                    for _ in [0]) == ["1.2.3.4:8080"]
+
+
+def test_the_destination_is_read_from_the_header_mutation() -> None:
+    response = headers_response("10.1.2.3:8080,10.1.2.4:8080")
+    assert destination(response) == "10.1.2.3:8080"
+    assert destination(ext_proc.ProcessingResponse()) is None
+
+
+@pytest.mark.parametrize(("tail", "expected"), [
+    (b'{"timings":{"cache_n":90,"prompt_n":10}}', (100, 90)),
+    (b'"usage":{"prompt_tokens":50,"prompt_tokens_details":{"cached_tokens":32}}', (50, 32)),
+    (b'"usage":{"prompt_tokens":50}', (50, 0)),
+    (b'{"choices":[]}', None),
+])
+def test_the_engines_cache_counts_are_read_off_the_answer(tail: bytes, expected: Any) -> None:
+    report = cache_report(tail)
+    assert (None if report is None else (report.prompt_tokens, report.cached_tokens)) == expected
+
+
+def test_prompt_characters_count_text_only() -> None:
+    assert prompt_chars({"messages": [{"role": "user", "content": "abcd"},
+                                      {"role": "user", "content": [
+                                          {"type": "text", "text": "ef"},
+                                          {"type": "image_url", "image_url": {"url": "x" * 99}}
+                                      ]}]}) == 6
+    assert prompt_chars({"prompt": ["ab", "c"]}) == 3
+
+
+# --- the router in one process ------------------------------------------------------------------
+
+
+def headers_response(address: str) -> ext_proc.ProcessingResponse:
+    return ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse(
+        response=ext_proc.CommonResponse(header_mutation=ext_proc.HeaderMutation(
+            set_headers=[base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(
+                key=DESTINATION_HEADER, raw_value=address.encode()))]))))
+
+
+class StandInPicker(ext_proc_grpc.ExternalProcessorServicer):
+    """Answers as the EPP does: after the body's end, the header mutation naming a pod. It
+    picks `choose` when set and in the subset, else the subset's last; it can be slow."""
+
+    def __init__(self) -> None:
+        self.choose: str | None = None
+        self.delay = 0.0
+        self.subsets: list[list[str]] = []
+
+    async def Process(self, requests: Any, context: Any) -> AsyncIterator[Any]:
+        subset: list[str] = []
+        async for message in requests:
+            hint = message.metadata_context.filter_metadata.get(SUBSET_NAMESPACE)
+            if hint is not None:
+                subset = [v.string_value for v in hint.fields[SUBSET_KEY].list_value.values]
+            if message.HasField("request_body") and message.request_body.end_of_stream:
+                self.subsets.append(subset)
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                chosen = self.choose if self.choose in subset else subset[-1]
+                yield headers_response(chosen)
+                yield ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse())
+
+
+class PodGateway:
+    """A pod's gateway, as far as the router sees one: our HTTP server, answering with its
+    own name and llama.cpp's cache counts, whole or streamed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.seen: list[Request] = []
+        router = Router(self.answer)
+        self.server = HttpServer(router, 10_000_000)
+        self.port = 0
+
+    async def start(self) -> None:
+        self.port = await self.server.start("127.0.0.1", 0)
+
+    async def answer(self, request: Request) -> Response | Streamed:
+        self.seen.append(request)
+        body = json.loads(request.body)
+        answer = {"pod": self.name, "timings": {"cache_n": 30, "prompt_n": 10}}
+        if not body.get("stream"):
+            return Response(200, json.dumps(answer).encode(),
+                            {"Content-Type": "application/json",
+                             "X-Request-Id": request.headers.get("x-request-id", "")})
+        transport = request.transport
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+        for event in (json.dumps({"pod": self.name}), json.dumps(answer), "[DONE]"):
+            data = f"data: {event}\n\n".encode()
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            await asyncio.sleep(0)
+        transport.write(b"0\r\n\r\n")
+        return Streamed(complete=True)
+
+
+class Scene:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.pods: dict[str, PodGateway] = {}
+        self.picker = StandInPicker()
+        self.grpc: Any = None
+        self.app: RouterApp | None = None
+        self.url = ""
+
+    async def start(self, *, picker: str = "up", failure_mode: str = "open",
+                    max_waiting: int = 256) -> RouterApp:
+        address = ""
+        if picker == "up":
+            self.grpc = grpc.aio.server()
+            ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.picker, self.grpc)
+            port = self.grpc.add_insecure_port("127.0.0.1:0")
+            address = f"127.0.0.1:{port}"
+            await self.grpc.start()
+        elif picker == "down":  # nothing listens there
+            with socket.socket() as closed:
+                closed.bind(("127.0.0.1", 0))
+                address = f"127.0.0.1:{closed.getsockname()[1]}"
+        token = self.tmp_path / "token"
+        token.write_text("t")
+        config = RouterConfig(service_name="svc", namespace="ns", routes_configmap="svc-routes",
+                              api_server="http://127.0.0.1:9", token_path=token, ca_path=None,
+                              picker_address=address, picker_timeout_seconds=0.5,
+                              picker_failure_mode=failure_mode,  # type: ignore[arg-type]
+                              max_waiting=max_waiting)
+        self.app = app = RouterApp(config)
+        app._session = aiohttp.ClientSession()
+        self.server = app.http_server()
+        port = await self.server.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{port}"
+        return app
+
+    async def add_pod(self, name: str, version: str) -> PodGateway:
+        gateway = PodGateway(name)
+        await gateway.start()
+        self.pods[name] = gateway
+        return gateway
+
+    def publish_pods(self, *names: str) -> None:
+        assert self.app is not None
+        versions = {"a": "v1", "b": "v1", "c": "v2"}
+        self.app._on_pods({name: pod(name, versions.get(name, "v1"), "127.0.0.1")
+                           for name in names})
+        # all stand-ins share 127.0.0.1: the port tells them apart
+        self.app.pods.by_version = {
+            version: tuple(e.__class__(e.name, f"127.0.0.1:{self.pods[e.name].port}")
+                           for e in endpoints)
+            for version, endpoints in self.app.pods.by_version.items()}
+
+    def publish_table(self, text: str) -> None:
+        assert self.app is not None
+        self.app._on_routes({"svc-routes": {"data": {"routes.json": text}}})
+
+    async def stop(self) -> None:
+        await self.server.stop(1)
+        if self.app is not None:
+            await self.app.stop()
+        for gateway in self.pods.values():
+            await gateway.server.stop(1)
+        if self.grpc is not None:
+            await self.grpc.stop(0)
+
+
+@pytest.fixture
+async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
+    scene = Scene(tmp_path)
+    yield scene
+    await scene.stop()
+
+
+async def chat(scene: Scene, *, stream: bool = False, headers: dict[str, str] | None = None,
+               content: str = "hi") -> tuple[int, dict[str, str], bytes]:
+    async with aiohttp.ClientSession() as session, session.post(
+        scene.url + "/v1/chat/completions", headers=headers or {},
+        json={"messages": [{"role": "user", "content": content}], "stream": stream},
+    ) as answer:
+        return answer.status, dict(answer.headers), await answer.read()
+
+
+def counter(app: RouterApp, name: str, **labels: str) -> float:
+    value = app.metrics.registry.get_sample_value(name, {"service": "svc", **labels})
+    return value or 0.0
+
+
+async def test_weights_are_exact_and_the_pin_wins(scene: Scene) -> None:
+    app = await scene.start()
+    for name in ("a", "b", "c"):
+        await scene.add_pod(name, "")
+    scene.publish_table(table_json({"v1": 80, "v2": 20}))
+    scene.publish_pods("a", "b", "c")
+    served = [json.loads((await chat(scene))[2])["pod"] for _ in range(50)]
+    assert served.count("c") == 10, served  # v2's 20 % of 50, exactly
+    # the picker saw only the chosen version's pods
+    c_address = f"127.0.0.1:{scene.pods['c'].port}"
+    assert [len(s) for s in scene.picker.subsets].count(2) == 40
+    assert scene.picker.subsets.count([c_address]) == 10
+    pinned = [await chat(scene, headers={"x-glm-version": "v2"}) for _ in range(10)]
+    assert {json.loads(body)["pod"] for _, _, body in pinned} == {"c"}
+    assert {headers["X-Glm-Version"] for _, headers, _ in pinned} == {"v2"}
+    status, _, body = await chat(scene, headers={"x-glm-version": "v9"})
+    assert status == 400 and b"unknown_version" in body and b"v1, v2" in body
+    assert counter(app, "glm_router_picks_total", reason="endpoint_picker") == 60
+
+
+async def test_the_picker_chooses_and_streams_are_relayed(scene: Scene) -> None:
+    app = await scene.start()
+    a, b = await scene.add_pod("a", ""), await scene.add_pod("b", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a", "b")
+    scene.picker.choose = f"127.0.0.1:{b.port}"
+    for _ in range(5):
+        status, _, body = await chat(scene, stream=True,
+                                     headers={"authorization": "Bearer k1",
+                                              "x-request-id": "r-1"})
+        assert status == 200 and body.count(b"data: ") == 3 and b'"pod": "b"' in body
+    assert not a.seen and len(b.seen) == 5
+    assert b.seen[0].headers["authorization"] == "Bearer k1"  # the pod checks the key
+    assert b.seen[0].headers["x-request-id"] == "r-1"
+    assert counter(app, "glm_router_prompt_tokens_total", version="v1") == 200
+    assert counter(app, "glm_router_prompt_tokens_cached_total", version="v1") == 150
+
+
+@pytest.mark.parametrize("picker", ["down", "slow"])
+async def test_a_failing_picker_fails_open_to_a_ready_pod(scene: Scene, picker: str) -> None:
+    app = await scene.start(picker="down" if picker == "down" else "up")
+    scene.picker.delay = 2.0 if picker == "slow" else 0.0
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    started = asyncio.get_running_loop().time()
+    status, _, body = await chat(scene)
+    assert status == 200 and json.loads(body)["pod"] == "a"
+    assert asyncio.get_running_loop().time() - started < 1.9  # the timeout, not the picker
+    assert counter(app, "glm_router_picks_total", reason="fail_open") == 1
+    reason = "timeout" if picker == "slow" else "unavailable"
+    assert counter(app, "glm_router_picker_failures_total", reason=reason) == 1
+
+
+async def test_a_failing_picker_fails_closed_with_retry_after(scene: Scene) -> None:
+    await scene.start(picker="down", failure_mode="closed")
+    gateway = await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    status, headers, body = await chat(scene)
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert b"picker_unavailable" in body and b"FailClose" in body
+    assert not gateway.seen
+
+
+async def test_a_long_prompt_goes_straight_to_the_long_context_pool(scene: Scene) -> None:
+    app = await scene.start()
+    main, long_pool = await scene.add_pod("a", ""), await scene.add_pod("long", "")
+    scene.publish_table(table_json({"v1": 100}, context=100,
+                                   long_url=f"http://127.0.0.1:{long_pool.port}"))
+    scene.publish_pods("a")
+    status, headers, body = await chat(scene, content="x" * 401)  # > 100 tokens at 4 chars
+    assert status == 200 and json.loads(body)["pod"] == "long"
+    assert headers["X-Glm-Pool"] == "long-context"
+    status, _, body = await chat(scene, content="x" * 399)
+    assert json.loads(body)["pod"] == "a"
+    assert len(main.seen) == 1 and len(long_pool.seen) == 1
+    assert counter(app, "glm_router_picks_total", reason="long_context") == 1
+
+
+async def test_requests_wait_for_a_ready_pod_bounded(scene: Scene) -> None:
+    app = await scene.start(max_waiting=2)
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}, wake_timeout=5.0))
+    scene.publish_pods()
+    waiting = [asyncio.create_task(chat(scene)) for _ in range(2)]
+    while app.waiting < 2:
+        await asyncio.sleep(0.01)
+    status, headers, body = await chat(scene)  # a third is one too many
+    assert status == 503 and b"too_many_waiting" in body and headers["Retry-After"] == "5"
+    scene.publish_pods("a")  # the pool is up: the held requests are answered
+    for task in waiting:
+        status, _, body = await task
+        assert status == 200 and json.loads(body)["pod"] == "a"
+    assert app.waiting == 0
+
+
+async def test_a_version_that_never_becomes_ready_is_a_503_not_a_hang(scene: Scene) -> None:
+    await scene.start()
+    scene.publish_table(table_json({"v1": 100}, wake_timeout=0.3))
+    scene.publish_pods()
+    status, headers, body = await chat(scene)
+    assert status == 503 and b"not_ready" in body and b"0.3 s" in body
+    assert headers["Retry-After"] == "1"
+
+
+async def test_a_bad_table_keeps_the_last_good_one(scene: Scene) -> None:
+    app = await scene.start()
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    scene.publish_table(table_json({"v1": 50}))
+    assert "sum to 50" in app.table_error
+    status, _, _ = await chat(scene)
+    assert status == 200
