@@ -30,6 +30,7 @@ ENV_OVERRIDES: dict[str, str] = {
     "GLM_OPERATOR_IMAGE_REGISTRY": "image_registry",
     "GLM_OPERATOR_IMAGE_TAG": "image_tag",
     "GLM_OPERATOR_DEFAULT_STORAGE_CLASS": "default_storage_class",
+    "GLM_OPERATOR_EPP_IMAGE": "epp_image",
 }
 # Nested overrides: environment variable -> (section, field).
 NESTED_ENV_OVERRIDES: dict[str, tuple[str, str]] = {
@@ -97,6 +98,24 @@ class ContainerResources(BaseModel):
     memory_request: str = "128Mi"
     cpu_limit: str = "1"
     memory_limit: str = "512Mi"
+
+
+# The Gateway API Inference Extension's endpoint picker (spec.routing.mode EndpointPicker):
+# the release whose flags and EndpointPickerConfig render/routing.py writes.
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+
+
+def _router_resources() -> ContainerResources:
+    """The router: a proxy that holds no request body beyond --max-body-bytes per request."""
+    return ContainerResources(cpu_request="100m", memory_request="128Mi", cpu_limit="1",
+                              memory_limit="512Mi")
+
+
+def _epp_resources() -> ContainerResources:
+    """The endpoint picker: its prefix-cache index and the pods' scraped metrics are in
+    memory, so it gets more than the router."""
+    return ContainerResources(cpu_request="200m", memory_request="256Mi", cpu_limit="2",
+                              memory_limit="1Gi")
 
 
 class FetchSettings(BaseModel):
@@ -171,6 +190,11 @@ class OperatorConfig(BaseModel):
     probes: ProbeTuning = Field(default_factory=ProbeTuning)
     termination: TerminationTuning = Field(default_factory=TerminationTuning)
     gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
+    # spec.routing.mode EndpointPicker: the router runs the operator's own image
+    # (`glm-operator gateway --router`), the endpoint picker this one.
+    epp_image: str = Field(default=DEFAULT_EPP_IMAGE, min_length=1)
+    router_resources: ContainerResources = Field(default_factory=_router_resources)
+    epp_resources: ContainerResources = Field(default_factory=_epp_resources)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
@@ -193,6 +217,7 @@ class OperatorConfig(BaseModel):
         if self.gateway_port == self.engine_port:
             raise ValueError("gatewayPort and enginePort must differ")
         check_pinned_image(self.operator_image, where="operator config")
+        check_pinned_image(self.epp_image, where="operator config eppImage")
         # Validate the profiles now (a bad config fails at start-up, not at first reconcile).
         self._profiles = load_profiles(
             self.accelerator_profiles, registry=self.image_registry, tag=self.image_tag

@@ -508,6 +508,7 @@ def test_config_schema_has_exactly_the_keys_of_operator_config() -> None:
     # The image comes from `image.registry` / `image.tag`: one value for the operator's own
     # image and the images it runs.
     del expected["imageRegistry"], expected["imageTag"]
+    del expected["eppImage"]  # from `image.epp`, beside the operator's own image
     assert _schema_fields(_schema()["properties"]["config"]) == expected
 
 
@@ -535,6 +536,10 @@ FULL_CONFIG: Obj = {
                     "cpuDecodeTokensPerSecond": 3.0, "exitMarginSeconds": 10},
     "gatewayResources": {"cpuRequest": "200m", "memoryRequest": "64Mi", "cpuLimit": "2",
                          "memoryLimit": "256Mi"},
+    "routerResources": {"cpuRequest": "150m", "memoryRequest": "96Mi", "cpuLimit": "2",
+                        "memoryLimit": "384Mi"},
+    "eppResources": {"cpuRequest": "300m", "memoryRequest": "512Mi", "cpuLimit": "3",
+                     "memoryLimit": "2Gi"},
     "fetch": {"backoffLimit": 5, "minThroughputMibPerSecond": 20, "minDeadlineSeconds": 600,
               "unknownSizeDeadlineSeconds": 7200, "defaultCacheSize": "200Gi",
               "resources": {"cpuRequest": "1", "memoryRequest": "1Gi", "cpuLimit": "4",
@@ -555,6 +560,14 @@ def test_every_config_key_reaches_the_operator(render: Render) -> None:
         if key != "acceleratorProfiles":
             assert dumped[key] == value, key
     assert loaded.profiles["cpu"].cpu_cores == 32
+
+
+def test_the_endpoint_picker_image_reaches_the_operator_only_when_set(render: Render) -> None:
+    image = "registry.example/mirror/epp:v1.2.0"
+    config = _config(render({"image": {"epp": image}}))
+    assert config["eppImage"] == image
+    assert OperatorConfig.model_validate(config).epp_image == image
+    assert "eppImage" not in _config(render())  # the control: the operator's default stands
 
 
 def test_prometheus_is_written_only_when_its_url_is_set(render: Render) -> None:

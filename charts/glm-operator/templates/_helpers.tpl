@@ -80,6 +80,9 @@ set (null scalars and empty sections keep the operator's defaults).
 */}}
 {{- define "glm-operator.config" -}}
 {{- $config := dict "imageRegistry" (trimSuffix "/" .Values.image.registry) "imageTag" (include "glm-operator.imageTag" .) -}}
+{{- with .Values.image.epp -}}
+{{- $_ := set $config "eppImage" . -}}
+{{- end -}}
 {{- range $key, $value := .Values.config -}}
 {{- if not (or (kindIs "invalid" $value) (and (kindIs "map" $value) (empty $value))) -}}
 {{- $_ := set $config $key $value -}}
