@@ -196,8 +196,8 @@ class PodGateway:
         self.server = HttpServer(router, 10_000_000)
         self.port = 0
 
-    async def start(self) -> None:
-        self.port = await self.server.start("127.0.0.1", 0)
+    async def start(self, port: int = 0) -> None:
+        self.port = await self.server.start("127.0.0.1", port)
 
     async def answer(self, request: Request) -> Response | Streamed:
         self.seen.append(request)
@@ -421,3 +421,41 @@ async def test_a_bad_table_keeps_the_last_good_one(scene: Scene) -> None:
     assert "sum to 50" in app.table_error
     status, _, _ = await chat(scene)
     assert status == 200
+
+
+async def test_a_woken_pod_that_does_not_listen_yet_is_tried_again(scene: Scene) -> None:
+    """Ready is the kubelet's word, a moment ahead of the gateway's socket: a held request
+    whose first ready pod refuses the connection is sent again once it listens."""
+    await scene.start()
+    scene.publish_table(table_json({"v1": 100}, wake_timeout=5.0))
+    scene.publish_pods()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    held = asyncio.create_task(chat(scene))
+    await asyncio.sleep(0.1)
+    late = PodGateway("a")
+    late.port = port
+    scene.pods["a"] = late
+    scene.publish_pods("a")  # ready in the API, nothing listening
+    await asyncio.sleep(0.6)
+    assert not held.done()
+    await late.start(port)
+    status, _, body = await held
+    assert status == 200 and json.loads(body)["pod"] == "a"
+
+
+async def test_without_a_wait_a_refusing_pod_is_a_prompt_503(scene: Scene) -> None:
+    """The control: a request that did not wait is not held for a pod that refuses."""
+    await scene.start()
+    scene.publish_table(table_json({"v1": 100}, wake_timeout=5.0))
+    dead = PodGateway("a")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead.port = probe.getsockname()[1]
+    scene.pods["a"] = dead
+    scene.publish_pods("a")
+    started = asyncio.get_running_loop().time()
+    status, _, body = await chat(scene)
+    assert status == 503 and b"could be reached" in body
+    assert asyncio.get_running_loop().time() - started < 2

@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 VERSION_HEADER = "x-glm-version"
 ROUTES_KEY = "routes.json"
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+REFUSED_RETRY_SECONDS = 0.25
 
 
 def prompt_chars(body: dict[str, Any]) -> int:
@@ -317,13 +318,15 @@ class RouterApp:
             except PodUnreachable as exc:
                 return self._unavailable(f"the long-context pool: {exc}", 5), version.name
         ready = self.pods.of(version.name)
+        held_until = None
         if not ready:
+            held_until = asyncio.get_running_loop().time() + version.wake_timeout_seconds
             ready_or_answer = await self._wait_for_pods(version)
             if isinstance(ready_or_answer, Response):
                 return ready_or_answer, version.name
             ready = ready_or_answer
         return await self._send(request, version, ready, stream, pod_headers,
-                                answer_headers), version.name
+                                answer_headers, held_until), version.name
 
     async def _wait_for_pods(self, version: VersionRoute
                              ) -> tuple[PodEndpoint, ...] | Response:
@@ -354,7 +357,11 @@ class RouterApp:
 
     async def _send(self, request: Request, version: VersionRoute,
                     ready: tuple[PodEndpoint, ...], stream: bool, pod_headers: bytes,
-                    answer_headers: dict[str, str]) -> Response | Streamed:
+                    answer_headers: dict[str, str], held_until: float | None = None
+                    ) -> Response | Streamed:
+        """`held_until`: the request waited for the version's first ready pod, whose gateway
+        may not listen yet (Ready is the kubelet's word, a moment ahead of the socket): a
+        refused connection is tried again until then, as nothing was sent."""
         address, reason = await self._choose(request, ready)
         if address is None:
             return self._unavailable(
@@ -370,6 +377,11 @@ class RouterApp:
                 # Nothing was sent: another ready pod of the version takes it, once each.
                 log.warning("%s; trying another pod", exc)
                 others = tuple(e for e in self.pods.of(version.name) if e.address not in tried)
+                loop = asyncio.get_running_loop()
+                if not others and held_until is not None and loop.time() < held_until:
+                    await asyncio.sleep(REFUSED_RETRY_SECONDS)
+                    tried.clear()
+                    others = self.pods.of(version.name)
                 if not others:
                     return self._unavailable(f"no pod of version {version.name} could be "
                                              f"reached (last: {exc})", 1)
