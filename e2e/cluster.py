@@ -474,6 +474,22 @@ def load_nodes_file(path: Path = NODES_FILE) -> dict[str, Any]:
     return data
 
 
+# The second octet of the loopback pod networks: one per port offset, so two local clusters
+# on this machine never hand out the same pod address (each binds <podIP>:8080 for real).
+LOOPBACK_POD_NET_BASE = 77
+
+
+def loopback_pod_cidr(index: int) -> str:
+    """The pod network of the `index`th node of a `loopbackPodIPs` pool (nodes.yaml).
+
+    kwok (v0.8.0, pkg/kwok/controllers/pod_controller.go funcPodIPsWith) takes a pod's IP from
+    its node's spec.podCIDRs (else spec.podCIDR, else its own --cidr, 10.0.0.0/24 by default,
+    which every other node uses); kube-controller-manager allocates none (kwokctl does not
+    pass --allocate-node-cidrs), so the CIDR written here is the one used."""
+    second = LOOPBACK_POD_NET_BASE + (_PORT_OFFSET // 100) % 100
+    return f"127.{second}.{index}.0/24"
+
+
 def node_manifests(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Node objects for every pool in nodes.yaml, capacity copied into allocatable."""
     nodes = []
@@ -483,6 +499,10 @@ def node_manifests(spec: dict[str, Any]) -> list[dict[str, Any]]:
             labels = {**spec.get("defaultLabels", {}), **pool.get("labels", {})}
             labels["kubernetes.io/hostname"] = name
             capacity = {key: str(value) for key, value in pool["capacity"].items()}
+            node_spec: dict[str, Any] = {"taints": [dict(t) for t in pool.get("taints", [])]}
+            if pool.get("loopbackPodIPs"):
+                cidr = loopback_pod_cidr(index)
+                node_spec.update(podCIDR=cidr, podCIDRs=[cidr])
             nodes.append({
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -494,7 +514,7 @@ def node_manifests(spec: dict[str, Any]) -> list[dict[str, Any]]:
                         "node.alpha.kubernetes.io/ttl": "0",
                     },
                 },
-                "spec": {"taints": [dict(taint) for taint in pool.get("taints", [])]},
+                "spec": node_spec,
                 "status": {"capacity": capacity, "allocatable": dict(capacity)},
             })
     return nodes

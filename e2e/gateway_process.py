@@ -18,24 +18,27 @@ from e2e.procstat import cpu_seconds
 
 
 class GatewayProcess:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path,
+                 host: str = "127.0.0.1") -> None:
         self.process = process
         self.port = port
         self.log_path = log_path
+        self.host = host
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @classmethod
     def start(cls, engine_url: str, log_dir: Path, args: Sequence[str] = (),
               service_name: str = "glm-test", wait_ready: bool = True,
               timeout: float = 60.0, env: Mapping[str, str] | None = None,
-              port: int | None = None) -> GatewayProcess:
+              port: int | None = None, host: str = "127.0.0.1") -> GatewayProcess:
         """`env`: added to this process's environment (secrets the gateway reads only there);
-        `port`: a fixed port (a URL given to another gateway beforehand), else a free one."""
+        `port`: a fixed port (a URL given to another gateway beforehand), else a free one;
+        `host`: the listen address (a kwok pod's loopback IP: e2e/pod_serving.py)."""
         port = port or free_port()
-        argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--host", host,
                 "--port", str(port), "--engine-url", engine_url, "--service-name", service_name,
                 *args]
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -44,7 +47,7 @@ class GatewayProcess:
             process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
                                        env={**os.environ, **env} if env else None)
-        gateway = cls(process, port, log_path)
+        gateway = cls(process, port, log_path, host)
         try:
             gateway.wait("/readyz" if wait_ready else "/healthz", timeout)
         except BaseException:

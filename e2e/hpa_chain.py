@@ -37,6 +37,7 @@ from e2e.custom_metrics import CustomMetricsAdapter, CustomMetricsError
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl, KubectlError
 from e2e.llama import LlamaServer, local_socket
+from e2e.pod_serving import loopback_pod_ip
 from e2e.ports import free_port
 from e2e.prometheus import PrometheusServer
 
@@ -89,10 +90,17 @@ class ScrapeLabels:
 
 
 class ServedPod:
-    """A kwok pod's engine and gateway, run here with the pod's rendered command lines."""
+    """A kwok pod's engine and gateway, run here with the pod's rendered command lines.
 
-    def __init__(self, pod: dict[str, Any], model: Path, work: Path) -> None:
+    By default the gateway listens on 127.0.0.1 at a free port (what reaches it is given its
+    address). `at_pod_ip`: at the pod's own IP and rendered --port (8080) instead, so what
+    finds the pod through the API server (the endpoint picker, the router) reaches it there;
+    the pod must be on a `loopback` node (e2e/pod_serving.py)."""
+
+    def __init__(self, pod: dict[str, Any], model: Path, work: Path,
+                 at_pod_ip: bool = False) -> None:
         self.name: str = pod["metadata"]["name"]
+        host = loopback_pod_ip(pod) if at_pod_ip else "127.0.0.1"
         containers = {c["name"]: c for c in pod["spec"]["containers"]}
         engine = containers[ENGINE_CONTAINER]
         argv = [*engine["command"], *engine["args"]]
@@ -107,14 +115,15 @@ class ServedPod:
             args = args[1:]
             self.service_name = args[args.index("--service-name") + 1]
             self.engine_slots = int(args[args.index("--engine-slots") + 1])
-            port = free_port()
+            port = int(args[args.index("--port") + 1]) if at_pod_ip else free_port()
             args = _replace_value(args, "--port", str(port))
             args = _replace_value(args, "--engine-url", self.engine.url)
             if "--engine-socket" in args:  # the engine's socket, named for this machine
                 socket = args[args.index("--engine-socket") + 1]
                 args = _replace_value(args, "--engine-socket", local_socket(socket, engine_port))
             self.gateway = GatewayProcess.start(self.engine.url, work / self.name, args,
-                                                service_name=self.service_name, port=port)
+                                                service_name=self.service_name, port=port,
+                                                host=host)
         except BaseException:
             self.engine.stop()
             raise
@@ -126,7 +135,7 @@ class ServedPod:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.gateway.port}"
+        return f"{self.gateway.host}:{self.gateway.port}"
 
     def stop(self) -> None:
         self.gateway.stop()
