@@ -282,6 +282,10 @@ class RouterApp:
         if table is None or split is None:
             return self._unavailable(f"the router has no route table yet "
                                      f"({self.table_error or 'not read'})", 1), ""
+        if request.too_large:  # the server kept none of it, and closes the connection
+            return error_response(413, f"Request body is larger than the limit of "
+                                  f"{self.config.max_body_bytes} bytes.",
+                                  "request_too_large"), ""
         try:
             body = json.loads(request.body)
         except ValueError:

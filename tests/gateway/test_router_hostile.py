@@ -1,0 +1,195 @@
+"""The router against clients that mean harm, over raw sockets. It is a server we ship to
+every client, in front of every pod: it serves on the gateway's own HTTP server
+(gateway/wire/), so the gateway's limits hold here as bytes arrive. These cases run against
+the router's own server, with its handlers and a pod behind it, so a router that bypassed
+those limits (or buffered for the pod what the client sends) fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+import pytest
+from glm_operator.gateway.wire.messages import Request, Response, Streamed
+
+from .test_http import read_response
+from .test_router import PodGateway, Scene, table_json
+
+LIMIT = 100_000
+
+
+class DripPod(PodGateway):
+    """A pod whose streams never end: chunk after chunk while its client reads."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.started = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def answer(self, request: Request) -> Response | Streamed:
+        self.seen.append(request)
+        self.started.set()
+        request.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                b"Transfer-Encoding: chunked\r\n\r\n")
+        data = b"data: " + b"d" * 65536 + b"\n\n"
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        try:
+            while True:
+                request.transport.write(chunk)
+                await request.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            self.cancelled.set()
+            raise
+
+
+async def routed(scene: Scene, **limits: object) -> int:
+    app = await scene.start(picker="none", max_body_bytes=LIMIT, **limits)
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    assert app.table is not None
+    return scene.port
+
+
+@pytest.fixture
+async def scene(tmp_path):  # type: ignore[no-untyped-def]
+    scene = Scene(tmp_path)
+    yield scene
+    await scene.stop()
+
+
+async def exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    try:
+        async with asyncio.timeout(10):
+            return await read_response(reader)
+    finally:
+        writer.close()
+
+
+def code_of(body: bytes) -> str:
+    return str(json.loads(body)["error"]["code"])
+
+
+async def test_a_head_past_64_kib_is_431_and_never_reaches_the_pod(scene: Scene) -> None:
+    port = await routed(scene)
+    status, _, body = await exchange(
+        port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Long: "
+        + b"a" * 70_000 + b"\r\n\r\n")
+    assert status == 431 and code_of(body) == "request_header_fields_too_large"
+    assert not scene.pods["a"].seen
+
+
+async def test_a_body_announced_over_the_limit_is_413_unread(scene: Scene) -> None:
+    port = await routed(scene)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                 b"Content-Length: 4000000\r\nExpect: 100-continue\r\n\r\n")
+    status, headers, body = await asyncio.wait_for(read_response(reader), 10)
+    writer.close()
+    assert status == 413 and headers["connection"] == "close"
+    assert code_of(body) == "request_too_large"
+    assert not scene.pods["a"].seen
+
+
+async def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(scene: Scene) -> None:
+    port = await routed(scene)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    piece = b"%x\r\n%b\r\n" % (30_000, b"x" * 30_000)
+    with contextlib.suppress(ConnectionError):
+        for _ in range(5):
+            writer.write(piece)
+            await writer.drain()
+    status, _, _ = await asyncio.wait_for(read_response(reader), 10)
+    writer.close()
+    assert status == 413
+    assert not scene.pods["a"].seen
+
+
+async def test_a_slow_head_is_408(scene: Scene) -> None:
+    from glm_operator.gateway.wire import http
+
+    port = await routed(scene)
+    original = http.HEAD_TIMEOUT_SECONDS
+    assert original == 10.0  # the router inherits the gateway's 10 s
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n")
+    status, _, body = await asyncio.wait_for(read_response(reader), 20)
+    writer.close()
+    assert status == 408 and code_of(body) == "request_timeout"
+
+
+async def test_one_connection_over_the_cap_is_503_and_closed(scene: Scene) -> None:
+    port = await routed(scene, max_connections=2)
+    held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    status, _, body = await exchange(port, b"GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n")
+    assert status == 503 and code_of(body) == "too_many_connections"
+    for _, writer in held:
+        writer.close()
+
+
+async def test_bodies_past_the_buffered_cap_are_503_unread(scene: Scene) -> None:
+    port = await routed(scene, max_buffered_bytes=150_000)
+    first_reader, first = await asyncio.open_connection("127.0.0.1", port)
+    first.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                b"Content-Length: 90000\r\n\r\n" + b"x" * 10)
+    await first.drain()
+    await asyncio.sleep(0.05)
+    status, headers, body = await exchange(
+        port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+        b"Content-Length: 90000\r\n\r\n")
+    assert status == 503 and code_of(body) == "server_busy" and headers["retry-after"] == "1"
+    first.close()
+
+
+@pytest.mark.parametrize("body", [b"[1,2]", b"{not json", b'"text"'])
+async def test_a_body_that_is_not_a_json_object_is_400_and_not_sent(scene: Scene,
+                                                                    body: bytes) -> None:
+    port = await routed(scene)
+    status, _, answer = await exchange(
+        port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%b"
+        % (len(body), body))
+    assert status == 400 and code_of(answer) == "invalid_json"
+    assert not scene.pods["a"].seen
+
+
+async def test_a_client_that_stops_reading_a_stream_frees_the_pod(scene: Scene) -> None:
+    """The pod's stream is relayed without buffering: a client that reads nothing is dropped
+    after the write-stall timeout, and the pod's connection with it."""
+    await scene.start(picker="none", max_body_bytes=LIMIT, write_stall_timeout_seconds=0.5)
+    pod = DripPod("a")
+    await pod.start()
+    scene.pods["a"] = pod
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    reader, writer = await asyncio.open_connection("127.0.0.1", scene.port, limit=1024)
+    writer.transport.pause_reading()  # type: ignore[attr-defined]
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%b"
+                 % (len(body), body.encode()))
+    await asyncio.wait_for(pod.started.wait(), 5)
+    await asyncio.wait_for(pod.cancelled.wait(), 10)
+    writer.close()
+
+
+async def test_a_client_that_hangs_up_mid_stream_frees_the_pod(scene: Scene) -> None:
+    await scene.start(picker="none", max_body_bytes=LIMIT)
+    pod = DripPod("a")
+    await pod.start()
+    scene.pods["a"] = pod
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    reader, writer = await asyncio.open_connection("127.0.0.1", scene.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%b"
+                 % (len(body), body.encode()))
+    await asyncio.wait_for(pod.started.wait(), 5)
+    await reader.readexactly(1000)
+    writer.transport.abort()  # type: ignore[attr-defined]
+    await asyncio.wait_for(pod.cancelled.wait(), 10)
