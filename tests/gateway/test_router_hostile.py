@@ -136,7 +136,7 @@ async def test_one_connection_over_the_cap_is_503_and_closed(scene: Scene) -> No
 
 async def test_bodies_past_the_buffered_cap_are_503_unread(scene: Scene) -> None:
     port = await routed(scene, max_buffered_bytes=150_000)
-    first_reader, first = await asyncio.open_connection("127.0.0.1", port)
+    _, first = await asyncio.open_connection("127.0.0.1", port)
     first.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
                 b"Content-Length: 90000\r\n\r\n" + b"x" * 10)
     await first.drain()
@@ -169,7 +169,7 @@ async def test_a_client_that_stops_reading_a_stream_frees_the_pod(scene: Scene) 
     scene.publish_table(table_json({"v1": 100}))
     scene.publish_pods("a")
     body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
-    reader, writer = await asyncio.open_connection("127.0.0.1", scene.port, limit=1024)
+    _, writer = await asyncio.open_connection("127.0.0.1", scene.port, limit=1024)
     writer.transport.pause_reading()  # type: ignore[attr-defined]
     writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%b"
                  % (len(body), body.encode()))
