@@ -228,7 +228,7 @@ class Scene:
         self.url = ""
 
     async def start(self, *, picker: str = "up", failure_mode: str = "open",
-                    max_waiting: int = 256) -> RouterApp:
+                    max_waiting: int = 256, **limits: Any) -> RouterApp:
         address = ""
         if picker == "up":
             self.grpc = grpc.aio.server()
@@ -246,12 +246,13 @@ class Scene:
                               api_server="http://127.0.0.1:9", token_path=token, ca_path=None,
                               picker_address=address, picker_timeout_seconds=0.5,
                               picker_failure_mode=failure_mode,  # type: ignore[arg-type]
-                              max_waiting=max_waiting)
+                              max_waiting=max_waiting, **limits)
         self.app = app = RouterApp(config)
         app._session = aiohttp.ClientSession()
         self.server = app.http_server()
         port = await self.server.start("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{port}"
+        self.port = port
         return app
 
     async def add_pod(self, name: str, version: str) -> PodGateway:
