@@ -6,14 +6,16 @@ import re
 from typing import Any
 
 from glm_operator.render.groups import GROUP_ROLE_LABEL
-from glm_operator.render.names import POOL_LABEL, SERVICE_LABEL, VERSION_LABEL
+from glm_operator.render.names import COMPONENT_LABEL, POOL_LABEL, SERVICE_LABEL, VERSION_LABEL
 from glm_operator.render.pod import (
     ENGINE_CONTAINER,
     ENGINE_HEALTH_PATH,
     GATEWAY_CONTAINER,
     GATEWAY_PORT_NAME,
 )
+from glm_operator.render.routing import EPP_COMPONENT, ROUTER_COMPONENT
 
+SERVICE_WIDE_COMPONENTS = (EPP_COMPONENT, ROUTER_COMPONENT)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "ash", "dash", "zsh"}
 SECURE_CONTAINER = {
@@ -69,10 +71,15 @@ def container_problems(where: str, c: dict[str, Any], pod_sc: dict[str, Any]) ->
     if not isinstance(user, int) or user == 0:
         out.append(f"{name}: runAsUser must be a numeric non-root uid")
     ports = {p["name"] for p in c.get("ports", [])}
+    numbers = {p["containerPort"] for p in c.get("ports", [])}
     if ports:  # it serves: it must say when it is started, ready and alive
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             if probe not in c:
                 out.append(f"{name}: serves but has no {probe}")
+            elif "grpc" in c[probe]:  # the endpoint picker's gRPC health (a port number)
+                if c[probe]["grpc"].get("port") not in numbers:
+                    out.append(f"{name}: {probe} targets a port the container does not "
+                               "declare")
             elif c[probe].get("httpGet", {}).get("port") not in ports:
                 out.append(f"{name}: {probe} targets a port the container does not declare")
     return out
@@ -184,6 +191,11 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
     if obj["kind"] == "Service" and obj["spec"].get("clusterIP") == "None":
         if obj["spec"].get("ports"):
             out.append(f"{where}: a headless Service names pods; it exposes no port")
+    elif obj["kind"] == "Service" and labels.get(COMPONENT_LABEL) == EPP_COMPONENT:
+        # The endpoint picker's own Service: its gRPC (the routers ask it) and metrics.
+        targets = [p.get("targetPort") for p in obj["spec"].get("ports", [])]
+        if targets != ["grpc", "metrics"]:
+            out.append(f"{where}: the endpoint picker exposes grpc and metrics, got {targets}")
     elif obj["kind"] == "Service":
         targets = [p.get("targetPort") for p in obj["spec"].get("ports", [])]
         if any(t != GATEWAY_PORT_NAME for t in targets):
@@ -191,8 +203,12 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
                        f"{GATEWAY_PORT_NAME!r} may be exposed")
     if obj["kind"] in ("Deployment", "StatefulSet"):
         selector = obj["spec"]["selector"]["matchLabels"]
-        if SERVICE_LABEL not in selector or VERSION_LABEL not in selector:
-            out.append(f"{where}: selector must include the service and version labels")
+        # The router and the endpoint picker serve every version: service and component.
+        per_service = labels.get(COMPONENT_LABEL) in SERVICE_WIDE_COMPONENTS
+        scope = (COMPONENT_LABEL,) if per_service else (VERSION_LABEL,)
+        if SERVICE_LABEL not in selector or any(k not in selector for k in scope):
+            out.append(f"{where}: selector must include the service and "
+                       f"{'component' if per_service else 'version'} labels")
         pod_labels = obj["spec"]["template"]["metadata"]["labels"]
         if any(pod_labels.get(k) != v for k, v in selector.items()):
             out.append(f"{where}: pod labels do not match the selector")

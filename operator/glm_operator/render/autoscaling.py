@@ -279,7 +279,10 @@ def build_hpa(
         "horizontalpodautoscaler.yaml.j2",
         metadata=object_meta(name, namespace, labels, owner),
         target=target,
-        min_replicas=autoscaling.min_replicas,
+        # minReplicas 0 (scale from zero) keeps the HPA's floor at 1: an HPA leaves a
+        # Deployment at 0 replicas alone, so the operator's idle scale-down and the router's
+        # wake-up own 1 <-> 0 and the HPA 1 <-> N (0 itself needs the HPAScaleToZero gate).
+        min_replicas=max(1, autoscaling.min_replicas),
         max_replicas=autoscaling.max_replicas,
         metrics=targets.metrics,
         behavior=hpa_behavior(autoscaling),

@@ -70,7 +70,9 @@ def desired_replicas(ctx: PoolContext) -> tuple[int | None, int]:
         assert spec.long_context is not None
         return None, spec.long_context.min_replicas
     if spec.autoscaling is not None:
-        return None, spec.autoscaling.min_replicas
+        # Scale from zero (minReplicas 0) still starts with a pod: the first version must
+        # load and become Ready to be promoted; the idle clock then puts it to sleep.
+        return None, max(1, spec.autoscaling.min_replicas)
     return spec.effective_replicas, spec.effective_replicas
 
 

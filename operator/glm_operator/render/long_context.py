@@ -1,5 +1,7 @@
 """The long-context pool's scale-to-zero wiring: its activity Lease, how often the gateways
-renew it, and how long a gateway waits for the pool to wake.
+renew it, and how long a gateway waits for the pool to wake. A main pool that scales from
+zero (autoscaling.minReplicas 0, with the router) gets the same: a Lease per version, the
+router in the waking gateway's place (render/routing.py).
 
 The pool goes 0 -> 1 when a main-pool gateway wakes it (scale subresource), 1 -> N by its own
 HPA (render/autoscaling.py), and N -> 0 when the operator finds the activity Lease older than
@@ -29,6 +31,13 @@ WAKE_MARGIN_SECONDS = 60
 def activity_lease_name(service: str) -> str:
     """One Lease per GLMService, named like its long-context Service (`<service>-lc`)."""
     return dns_name(service, "lc")
+
+
+def main_activity_lease_name(service: str, version: str) -> str:
+    """A main pool that scales from zero (autoscaling.minReplicas 0): one Lease per version,
+    since each version's Deployment sleeps on its own. Renewed by the version's gateways
+    while they serve and by the router when it wakes the version."""
+    return dns_name(service, version, "activity")
 
 
 def activity_interval_seconds(idle_seconds: int) -> int:

@@ -27,6 +27,11 @@ def choose_scaler(autoscaling: Autoscaling, keda_served: bool,
     asked = autoscaling.scaler
     if asked == Scaler.HPA:
         return ScalerChoice(Scaler.HPA, "spec.autoscaling.scaler is HPA")
+    if autoscaling.min_replicas == 0:
+        # KEDA would scale a sleeping pool back to its minReplicaCount (or, at 0, to zero on
+        # its own clock, fighting the router's wake-up); the API refuses an explicit KEDA.
+        return ScalerChoice(Scaler.HPA, "Auto: minReplicas 0 (scale from zero) is built on "
+                            "the HPA, not on KEDA yet")
     missing = []
     if not keda_served:
         missing.append(f"KEDA's ScaledObject CRD ({SCALED_OBJECT_CRD}) is not served in "

@@ -6,7 +6,12 @@
         (HPA or KEDA ScaledObject),
         (long-context HPA), (ServiceMonitor),
         (ServiceAccount, Role, RoleBinding for the gateway's wake-up),
-        (the long-context activity Lease; ServiceAccount, Role, RoleBinding to renew it)]
+        (the long-context activity Lease; ServiceAccount, Role, RoleBinding to renew it),
+        (the main pool's activity Lease and the Role to renew it: scale from zero),
+        (the routing objects of spec.routing.mode EndpointPicker: render/routing.py)]
+
+With the router in front (EndpointPicker), the client-facing Service `<svc>` selects the
+router pods and the engine pods keep `<svc>-engines`.
 
 `rendered_service` returns the same objects with the choices made on the way (which
 autoscaler, which targets it scales on), so the status reports what was rendered instead of
@@ -57,6 +62,7 @@ from glm_operator.render.keda import build_scaled_object, prometheus_triggers
 from glm_operator.render.long_context import (
     activity_lease_name,
     build_activity_lease,
+    main_activity_lease_name,
     wake_timeout_seconds,
 )
 from glm_operator.render.meta import object_meta, owner_reference
@@ -74,7 +80,9 @@ from glm_operator.render.pod import (
     PoolContext,
     RenderInputError,
     ReplicaPolicy,
+    engine_context_and_slots,
     startup_seconds,
+    termination,
 )
 from glm_operator.render.rbac import (
     activity_lease_rules,
@@ -82,6 +90,15 @@ from glm_operator.render.rbac import (
     build_role_binding,
     build_service_account,
     scale_rules,
+)
+from glm_operator.render.routing import (
+    LongContextRoute,
+    RouteEntry,
+    RouterSettings,
+    RoutingInputs,
+    build_client_service,
+    build_routing,
+    engines_service_name,
 )
 from glm_operator.render.scaler import ScalerChoice, choose_scaler
 from glm_operator.render.status import plan_summary
@@ -124,6 +141,10 @@ class ServiceInputs:
     # An autoscaled multi-node pool: the groups its leader set runs now (the autoscaler's
     # count, read from the cluster), so each has its workers. None: not created yet.
     live_groups: int | None = None
+    # spec.routing.mode EndpointPicker: render the routing objects here, for this version
+    # alone at weight 100 (offline rendering). decide/service.py builds them once for every
+    # live version instead, from each RenderedService.routing.
+    with_routing: bool = True
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,9 @@ class RenderedService:
     # What the main pool's autoscaler scales on under the plan (set with spec.autoscaling,
     # rendered or not: a rollout sizing the version still has its targets judged).
     targets: TargetsChoice | None = None
+    # spec.routing.mode EndpointPicker: the routing objects' inputs, this version alone at
+    # weight 100 (its `routes` entry is what the whole table takes from it).
+    routing: RoutingInputs | None = None
 
 
 def main_service_name(service: str) -> str:
@@ -219,7 +243,15 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
     lc_plan = inputs.long_context_plan if lc_enabled else None
 
     lc_deployment = deployment_name(name, version, LONG_CONTEXT_POOL)
-    gateway_sa = gateway_service_account_name(name) if lc_plan is not None else None
+    multi_node = inputs.plan.request.nodes > 1
+    # Scale from zero: the main pool's gateways renew their version's Lease while they serve.
+    # The gateway has one --activity-lease, so they then no longer mark the long-context
+    # pool's when they wake it; the operator counts a newly woken pool as active anyway
+    # (decide/idle.py).
+    main_lease = (main_activity_lease_name(name, version)
+                  if svc.spec.main_pool_may_sleep and not multi_node else None)
+    gateway_sa = (gateway_service_account_name(name)
+                  if lc_plan is not None or main_lease is not None else None)
     lc_gateway_sa = (long_context_gateway_service_account_name(name)
                      if lc_plan is not None else None)
     lease = activity_lease_name(name) if lc_plan is not None else None
@@ -237,11 +269,10 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
         long_context_deployment=lc_deployment if lc_plan is not None else None,
         wake_timeout_seconds=(wake_timeout_seconds(startup_seconds(lc_pool))
                               if lc_pool is not None else None),
-        activity_lease=lease,
+        activity_lease=main_lease or lease,
         service_account=gateway_sa,
         replicas=inputs.main_replicas,
     )
-    multi_node = inputs.plan.request.nodes > 1
     groups: int | None = None
     if multi_node:
         objects, groups = _main_groups(main, inputs.capabilities, owner, inputs.live_groups)
@@ -249,8 +280,13 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
         objects = [build_deployment(main, owner)]
     if lc_pool is not None:
         objects.append(build_deployment(lc_pool, owner))
-    objects.append(build_service(main_service_name(name), namespace, name, MAIN_POOL, owner,
-                                 config))
+    if svc.spec.endpoint_picker:
+        objects += [build_client_service(name, namespace, owner, config),
+                    build_service(engines_service_name(name), namespace, name, MAIN_POOL,
+                                  owner, config)]
+    else:
+        objects.append(build_service(main_service_name(name), namespace, name, MAIN_POOL,
+                                     owner, config))
     if lc_plan is not None:
         objects.append(build_service(long_context_service_name(name), namespace, name,
                                      LONG_CONTEXT_POOL, owner, config))
@@ -305,7 +341,65 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
             build_role(lc_role, namespace, sa_labels, owner, activity_lease_rules(lease)),
             build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
-    return RenderedService(objects, scaler, targets)
+    if main_lease is not None and gateway_sa is not None:
+        objects += _main_activity(name, namespace, version, main_lease, gateway_sa,
+                                  lc_plan is None, owner, svc.spec.routing.idle_seconds)
+    routing = None
+    if svc.spec.endpoint_picker:
+        routing = _routing_inputs(inputs, main, lc_pool, main_lease, owner)
+        if inputs.with_routing:
+            objects += build_routing(routing)
+    return RenderedService(objects, scaler, targets, routing)
+
+
+def _main_activity(name: str, namespace: str, version: str, lease: str, gateway_sa: str,
+                   new_account: bool, owner: dict[str, Any] | None,
+                   idle_seconds: int) -> list[dict[str, Any]]:
+    """A main pool that scales from zero: its version's activity Lease, and the Role its
+    gateways renew it with (the ServiceAccount too where no long-context pool made it)."""
+    sa_labels = common_labels(name, "gateway")
+    version_labels = {**sa_labels, VERSION_LABEL: label_value(version)}
+    role = dns_name(name, version, "activity")
+    lease_labels = {**common_labels(name, "main-activity"), POOL_LABEL: MAIN_POOL,
+                    VERSION_LABEL: label_value(version)}
+    out = [build_service_account(gateway_sa, namespace, sa_labels, owner)] if new_account else []
+    return [*out,
+            build_activity_lease(lease, namespace, lease_labels, owner, idle_seconds),
+            build_role(role, namespace, version_labels, owner, activity_lease_rules(lease)),
+            build_role_binding(role, namespace, version_labels, owner, role, gateway_sa)]
+
+
+def _routing_inputs(inputs: ServiceInputs, main: PoolContext, lc_pool: PoolContext | None,
+                    main_lease: str | None, owner: dict[str, Any] | None) -> RoutingInputs:
+    """The routing objects' inputs as this version sees them: itself at weight 100."""
+    svc, config = inputs.service, inputs.config
+    name, namespace = main.service_name, main.namespace
+    autoscaling = svc.spec.autoscaling
+    if inputs.main_replicas is not None and inputs.main_replicas.fixed is not None:
+        least = inputs.main_replicas.fixed  # a rollout's size for this version
+    else:
+        least = autoscaling.min_replicas if autoscaling else svc.spec.effective_replicas
+    workload = (group_set_name(name, main.version) if inputs.plan.request.nodes > 1
+                else deployment_name(name, main.version, MAIN_POOL))
+    entry = RouteEntry(main.version, 100, workload, least,
+                       float(wake_timeout_seconds(startup_seconds(main))), main_lease,
+                       deployment_name(name, main.version, LONG_CONTEXT_POOL)
+                       if lc_pool is not None else None)
+    long_context = None
+    lc_spec = svc.spec.long_context
+    if lc_pool is not None and lc_spec is not None:
+        long_context = LongContextRoute(
+            service_url(long_context_service_name(name), namespace, config),
+            engine_context_and_slots(lc_pool.plan)[0], lc_spec.min_replicas,
+            float(wake_timeout_seconds(startup_seconds(lc_pool))),
+            activity_lease_name(name) if lc_spec.min_replicas == 0 else None)
+    stop = termination(main)
+    return RoutingInputs(
+        service=svc, config=config, routes=(entry,),
+        main_context_tokens=engine_context_and_slots(main.plan)[0], long_context=long_context,
+        router=RouterSettings(stop.drain_seconds, stop.endpoint_removal_seconds,
+                              stop.exit_margin_seconds),
+        owner=owner)
 
 
 def _main_groups(ctx: PoolContext, capabilities: Capabilities, owner: dict[str, Any] | None,

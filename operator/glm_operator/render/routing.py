@@ -1,0 +1,488 @@
+"""LLM-aware routing of one GLMService (spec.routing.mode EndpointPicker): the router, the
+endpoint picker (EPP) and the route table between them (pure).
+
+    <svc>-epp     Deployment (1 replica), Service, ConfigMap (its EndpointPickerConfig),
+                  ServiceAccount, Role, RoleBinding: the Gateway API Inference Extension's
+                  endpoint picker in standalone mode, selecting the main pool's engine pods
+                  by label and scraping their gateways' /metrics.
+    <svc>-router  Deployment (routerReplicas), ServiceAccount, Role, RoleBinding:
+                  `glm-operator gateway --router`, which the client-facing Service `<svc>`
+                  selects instead of the engine pods; it splits traffic between versions by
+                  the rollout's weights, asks the picker which pod of the chosen version
+                  serves each request, and wakes a version scaled to zero.
+    <svc>-routes  ConfigMap, key routes.json: the versions with their weights (the same
+                  weights the Istio VirtualService gets), Deployments, wake-up settings and
+                  activity Leases; the router watches it through the API server.
+
+Why a picker at all: the Service spreads connections, not requests, and knows nothing of a
+pod's queue, its KV cache or the prompt prefix it holds; with more than one replica the
+picker sends a conversation back to the pod that has its prefix cached and away from pods
+whose queue or KV cache is full.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from glm_operator.api.glmservice import FailureMode, GLMService
+from glm_operator.config import ContainerResources, OperatorConfig
+from glm_operator.gateway import flags as gateway_flags
+from glm_operator.render.environment import render_object
+from glm_operator.render.meta import object_meta
+from glm_operator.render.names import (
+    COMPONENT_LABEL,
+    POOL_LABEL,
+    SERVICE_LABEL,
+    common_labels,
+    dns_name,
+    label_value,
+)
+from glm_operator.render.pod import (
+    GATEWAY_PORT_NAME,
+    container_security_context,
+    pod_security_context,
+    pre_stop_sleep,
+)
+from glm_operator.render.quantity import memory_quantity
+from glm_operator.render.rbac import build_role, build_role_binding, build_service_account
+from glm_operator.wellknown import MAIN_POOL
+
+EPP_COMPONENT = "endpoint-picker"
+ROUTER_COMPONENT = "router"
+ROUTER_CONTAINER = "router"
+EPP_CONTAINER = "epp"
+# The EPP's ports, as its chart names them.
+EPP_GRPC_PORT = 9002  # ext-proc: the router asks it for a pod here
+EPP_HEALTH_PORT = 9003  # gRPC health
+EPP_METRICS_PORT = 9090
+EPP_CONFIG_DIR = "/etc/epp"
+EPP_CONFIG_KEY = "config.yaml"
+# The EPP with one replica answers its gRPC health under this service name (its chart's
+# probes; with leader election there are `liveness` and `readiness` instead).
+EPP_HEALTH_SERVICE = "inference-extension"
+ROUTES_KEY = "routes.json"
+# The picker answers from memory in about a millisecond; 100 ms is far above that and far
+# below what a request costs, so a slow picker is noticed and routed around (failureMode).
+PICKER_TIMEOUT_SECONDS = 0.1
+# A picker pod that stops ends its in-flight picks at once: a router retries elsewhere.
+EPP_GRACE_SECONDS = 30
+ROUTER_TMP_SIZE = 64 * 1024 * 1024
+CONFIG_HASH_ANNOTATION = "glm-operator.dev/config-hash"
+
+FAILURE_MODES = {FailureMode.FAIL_OPEN: "open", FailureMode.FAIL_CLOSE: "closed"}
+
+
+def epp_name(service: str) -> str:
+    return dns_name(service, "epp")
+
+
+def router_name(service: str) -> str:
+    return dns_name(service, "router")
+
+
+def routes_configmap_name(service: str) -> str:
+    return dns_name(service, "routes")
+
+
+def engines_service_name(service: str) -> str:
+    """With the router in front, the main pool's engine pods keep a Service of their own:
+    the ServiceMonitor scrapes their gateways through it (the client-facing Service now
+    selects the routers), and it reaches the engines around the router when debugging."""
+    return dns_name(service, "engines")
+
+
+def router_selector(service: str) -> dict[str, str]:
+    return {SERVICE_LABEL: label_value(service), COMPONENT_LABEL: ROUTER_COMPONENT}
+
+
+def epp_selector(service: str) -> dict[str, str]:
+    return {SERVICE_LABEL: label_value(service), COMPONENT_LABEL: EPP_COMPONENT}
+
+
+def engine_pods_selector(service: str) -> str:
+    """The main pool's engine pods, every version (the EPP's --endpoint-selector; the router
+    watches the same pods and reads each one's version label)."""
+    return f"{SERVICE_LABEL}={label_value(service)},{POOL_LABEL}={MAIN_POOL}"
+
+
+# ---------------------------------------------------------------- the route table
+
+
+@dataclass(frozen=True)
+class RouteEntry:
+    """One version in routes.json."""
+
+    model_version: str
+    weight: int  # percent of the service's traffic, as the VirtualService would get it
+    deployment: str  # the version's main-pool workload (what the router wakes)
+    min_replicas: int  # 0: the version may be asleep, the router wakes it
+    wake_timeout_seconds: float  # how long a request waits for it to wake
+    activity_lease: str | None  # the Lease the router renews for it (None: never sleeps)
+    long_context_deployment: str | None = None  # the version's long-context pool, if any
+
+
+@dataclass(frozen=True)
+class LongContextRoute:
+    """The long-context pool: its Service, and (for a router that finds its pods by label and
+    wakes it itself) how it sleeps. Its Deployments are per version (RouteEntry)."""
+
+    url: str
+    context_tokens: int
+    min_replicas: int
+    wake_timeout_seconds: float
+    activity_lease: str | None
+
+
+def routes_document(routes: Sequence[RouteEntry], main_context_tokens: int,
+                    long_context: LongContextRoute | None) -> dict[str, Any]:
+    """routes.json as the router reads it (gateway/router/table.py): the contract's fields,
+    and for the long-context pool also its Deployment per version and how it wakes."""
+    if not routes or sum(r.weight for r in routes) != 100 or any(
+            not 0 <= r.weight <= 100 for r in routes):
+        raise ValueError(f"routing: weights must be 0..100 and sum to 100, got "
+                         f"{[(r.model_version, r.weight) for r in routes]}")
+    return {
+        "versions": [{"name": label_value(r.model_version), "weight": r.weight,
+                      "deployment": r.deployment, "minReplicas": r.min_replicas,
+                      "wakeTimeoutSeconds": float(r.wake_timeout_seconds),
+                      "activityLease": r.activity_lease} for r in routes],
+        "mainContextTokens": main_context_tokens,
+        "longContext": (None if long_context is None else {
+            "url": long_context.url, "contextTokens": long_context.context_tokens,
+            "deployments": {label_value(r.model_version): r.long_context_deployment
+                            for r in routes if r.long_context_deployment},
+            "minReplicas": long_context.min_replicas,
+            "wakeTimeoutSeconds": float(long_context.wake_timeout_seconds),
+            "activityLease": long_context.activity_lease}),
+    }
+
+
+# ---------------------------------------------------------------- the endpoint picker
+
+
+def endpoint_picker_config() -> dict[str, Any]:
+    """The EPP's EndpointPickerConfig (v1.2.0's schema), in one place to change.
+
+    Every pod gets a score per scorer, weighted; the picker takes the best. Prefix affinity
+    weighs most (3): a pod holding a request's prompt prefix in its KV cache skips that
+    prefill, the largest saving a pick can make for chats and agents that resend their
+    history. Queue (2) and KV-cache use (2) keep a hot pod from being chosen for its prefix
+    alone: a pod with waiting requests or a full cache would make the request wait or evict
+    what it holds. These are the weights of the EPP's own default profile.
+    """
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "single-profile-handler"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "max-score-picker"},
+        ],
+        "schedulingProfiles": [{
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }],
+    }
+
+
+def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
+    """The EPP's flags: standalone (no InferencePool: pods found by label), plain gRPC
+    inside the cluster, and the metrics it scores on read from our gateways' /metrics, which
+    export the queue and KV-cache series for llama.cpp and vLLM alike."""
+    port = str(config.gateway_port)
+    return [
+        "--pool-name", service,
+        "--pool-namespace", namespace,
+        "--endpoint-selector", engine_pods_selector(service),
+        "--endpoint-target-ports", port,
+        "--grpc-port", str(EPP_GRPC_PORT),
+        "--grpc-health-port", str(EPP_HEALTH_PORT),
+        "--metrics-port", str(EPP_METRICS_PORT),
+        # The router talks to it inside the cluster, over the pod network.
+        "--secure-serving=false",
+        # Scraped inside the cluster without a token (the EPP would check one with a
+        # TokenReview, which needs a ClusterRole).
+        "--metrics-endpoint-auth=false",
+        "--model-server-metrics-port", port,
+        "--model-server-metrics-path", "/metrics",
+        "--total-queued-requests-metric", "glm_gateway_requests_queued",
+        "--kv-cache-usage-percentage-metric", "glm_gateway_kv_cache_usage_ratio",
+        # No LoRA adapters are served: an empty metric name turns that scrape off.
+        "--lora-info-metric", "",
+        "--config-file", f"{EPP_CONFIG_DIR}/{EPP_CONFIG_KEY}",
+    ]
+
+
+def _grpc_probe(period: int, failures: int, delay: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {"grpc": {"port": EPP_HEALTH_PORT, "service": EPP_HEALTH_SERVICE},
+                             "periodSeconds": period, "timeoutSeconds": 5,
+                             "failureThreshold": failures}
+    if delay:
+        probe["initialDelaySeconds"] = delay
+    return probe
+
+
+def _resources(r: ContainerResources) -> dict[str, dict[str, str]]:
+    return {"requests": {"cpu": r.cpu_request, "memory": r.memory_request},
+            "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit}}
+
+
+def _config_hash(text: str) -> str:
+    """The EPP reads its config file once: a changed config rolls its pod."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _epp_objects(service: str, namespace: str, config: OperatorConfig,
+                 owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    name = epp_name(service)
+    labels = common_labels(service, EPP_COMPONENT)
+    config_text = yaml.safe_dump(endpoint_picker_config(), sort_keys=False)
+    container = {
+        "name": EPP_CONTAINER,
+        "image": config.epp_image,
+        "args": epp_args(service, namespace, config),
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.namespace"}}},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+                  {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
+        "resources": _resources(config.epp_resources),
+        "volumeMounts": [{"name": "config", "mountPath": EPP_CONFIG_DIR, "readOnly": True}],
+        "startupProbe": _grpc_probe(2, 30),
+        "readinessProbe": _grpc_probe(2, 3),
+        "livenessProbe": _grpc_probe(10, 3, delay=5),
+        "securityContext": container_security_context(config),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = {
+        "serviceAccountName": name,
+        "automountServiceAccountToken": True,  # it watches the engine pods
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(config),
+        "terminationGracePeriodSeconds": EPP_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": name}}],
+    }
+    return [
+        render_object("configmap.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
+                      data={EPP_CONFIG_KEY: config_text}),
+        render_object(
+            "component-deployment.yaml.j2",
+            metadata=object_meta(name, namespace, labels, owner),
+            replicas=1,
+            selector=epp_selector(service),
+            # One picker at a time: its prefix index is its own, two would halve each one's
+            # view (the EPP's chart does the same).
+            strategy={"type": "Recreate"},
+            pod_labels=dict(labels),
+            pod_annotations={CONFIG_HASH_ANNOTATION: _config_hash(config_text)},
+            pod_spec=pod_spec,
+        ),
+        render_object(
+            "service.yaml.j2",
+            metadata=object_meta(name, namespace, labels, owner),
+            selector=epp_selector(service),
+            ports=[{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc",
+                    "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+                   {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics",
+                    "protocol": "TCP"}],
+        ),
+        build_service_account(name, namespace, labels, owner),
+        build_role(name, namespace, labels, owner, epp_rules()),
+        build_role_binding(name, namespace, labels, owner, name, name),
+    ]
+
+
+def epp_rules() -> list[dict[str, Any]]:
+    """The EPP watches the pods its selector names; label selectors cannot narrow RBAC."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+# ---------------------------------------------------------------- the router
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """What the router's flags say beyond the service's names."""
+
+    drain_seconds: int  # as the main pool's gateways drain (render/pod.py termination)
+    endpoint_removal_seconds: int  # its preStop sleep while the endpoints drop it
+    exit_margin_seconds: int
+
+
+def router_flag_values(service: GLMService, config: OperatorConfig,
+                       settings: RouterSettings) -> dict[str, Any]:
+    """The router's flags by dest (gateway/flags.py ROUTER_FLAGS), in argument order."""
+    name = service.metadata.name or ""
+    namespace = service.metadata.namespace or ""
+    routing = service.spec.routing
+    return {
+        "router": True,
+        "port": config.gateway_port,
+        "service_name": name,
+        "namespace": namespace,
+        "routes_configmap": routes_configmap_name(name),
+        "picker_address": (f"{epp_name(name)}.{namespace}.svc.{config.cluster_domain}:"
+                           f"{EPP_GRPC_PORT}"),
+        "picker_timeout": PICKER_TIMEOUT_SECONDS,
+        "picker_failure_mode": FAILURE_MODES[routing.failure_mode],
+        "pod_port": config.gateway_port,
+        "max_waiting": routing.max_waiting_requests,
+        "drain_seconds": settings.drain_seconds,
+    }
+
+
+def router_rules(routes: Sequence[RouteEntry], routes_configmap: str,
+                 long_context: LongContextRoute | None) -> list[dict[str, Any]]:
+    """Watch the pods (label selectors cannot narrow RBAC) and its own route table; wake,
+    and mark the activity of, exactly the pools in that table."""
+    deployments = sorted({r.deployment for r in routes}
+                         | {r.long_context_deployment for r in routes
+                            if r.long_context_deployment and long_context is not None})
+    leases = sorted({r.activity_lease for r in routes if r.activity_lease}
+                    | ({long_context.activity_lease}
+                       if long_context is not None and long_context.activity_lease else set()))
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        # The router lists and watches it with fieldSelector metadata.name, which RBAC
+        # matches against resourceNames.
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [routes_configmap],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": deployments,
+         "verbs": ["get"]},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"],
+         "resourceNames": deployments, "verbs": ["get", "patch", "update"]},
+    ]
+    if leases:
+        rules.append({"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": leases, "verbs": ["get", "update", "patch"]})
+    return rules
+
+
+def router_args(service: GLMService, config: OperatorConfig,
+                settings: RouterSettings) -> list[str]:
+    return ["gateway", *gateway_flags.write_router(router_flag_values(service, config,
+                                                                      settings))]
+
+
+def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": GATEWAY_PORT_NAME}, "periodSeconds": period,
+            "timeoutSeconds": 5, "failureThreshold": failures}
+
+
+def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequence[RouteEntry],
+                    long_context: LongContextRoute | None, settings: RouterSettings,
+                    owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    name, namespace = service.metadata.name or "", service.metadata.namespace or ""
+    router = router_name(name)
+    labels = common_labels(name, ROUTER_COMPONENT)
+    selector = router_selector(name)
+    container = {
+        "name": ROUTER_CONTAINER,
+        "image": config.operator_image,
+        "command": ["glm-operator"],
+        "args": router_args(service, config, settings),
+        "ports": [{"name": GATEWAY_PORT_NAME, "containerPort": config.gateway_port,
+                   "protocol": "TCP"}],
+        "lifecycle": pre_stop_sleep(settings.endpoint_removal_seconds),
+        "resources": _resources(config.router_resources),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "startupProbe": _http_probe("/healthz", 2, 30),
+        # /readyz: its route table read and its pod watch synced.
+        "readinessProbe": _http_probe("/readyz", config.probes.readiness_period_seconds, 3),
+        "livenessProbe": _http_probe("/healthz", 20, 3),
+        "securityContext": container_security_context(config),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    spread = [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+               "labelSelector": {"matchLabels": dict(selector)},
+               "matchLabelKeys": ["pod-template-hash"]}
+              for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
+    pod_spec = {
+        "serviceAccountName": router,
+        "automountServiceAccountToken": True,  # pods, its route table, wake-ups, Leases
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(config),
+        "topologySpreadConstraints": spread,
+        "terminationGracePeriodSeconds": (settings.endpoint_removal_seconds
+                                          + settings.drain_seconds
+                                          + settings.exit_margin_seconds),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {
+            "sizeLimit": memory_quantity(ROUTER_TMP_SIZE)}}],
+    }
+    return [
+        render_object(
+            "component-deployment.yaml.j2",
+            metadata=object_meta(router, namespace, labels, owner),
+            replicas=service.spec.routing.router_replicas,
+            selector=selector,
+            strategy={"type": "RollingUpdate",
+                      "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            pod_labels=dict(labels),
+            pod_annotations={},
+            pod_spec=pod_spec,
+        ),
+        build_service_account(router, namespace, labels, owner),
+        build_role(router, namespace, labels, owner,
+                   router_rules(routes, routes_configmap_name(name), long_context)),
+        build_role_binding(router, namespace, labels, owner, router, router),
+    ]
+
+
+def build_client_service(service: str, namespace: str, owner: dict[str, Any] | None,
+                         config: OperatorConfig) -> dict[str, Any]:
+    """The client-facing Service `<svc>` with the router in front: it selects the routers."""
+    return render_object(
+        "service.yaml.j2",
+        metadata=object_meta(dns_name(service), namespace,
+                             common_labels(service, ROUTER_COMPONENT), owner),
+        selector=router_selector(service),
+        ports=[{"name": GATEWAY_PORT_NAME, "port": config.gateway_port,
+                "targetPort": GATEWAY_PORT_NAME, "protocol": "TCP"}],
+    )
+
+
+# ---------------------------------------------------------------- all of it
+
+
+@dataclass(frozen=True)
+class RoutingInputs:
+    service: GLMService  # validated, metadata.name/namespace set, routing mode EndpointPicker
+    config: OperatorConfig
+    routes: Sequence[RouteEntry]
+    main_context_tokens: int
+    long_context: LongContextRoute | None
+    router: RouterSettings
+    owner: dict[str, Any] | None
+
+
+def build_routing(inputs: RoutingInputs) -> list[dict[str, Any]]:
+    """Every routing object of the service, in a fixed order: the route table, the picker's
+    six, the router's four. (The client-facing Service is the service renderer's.)"""
+    svc = inputs.service
+    name, namespace = svc.metadata.name or "", svc.metadata.namespace or ""
+    table = routes_document(inputs.routes, inputs.main_context_tokens, inputs.long_context)
+    routes = render_object(
+        "configmap.yaml.j2",
+        metadata=object_meta(routes_configmap_name(name), namespace,
+                             common_labels(name, ROUTER_COMPONENT), inputs.owner),
+        data={ROUTES_KEY: json.dumps(table, indent=2) + "\n"},
+    )
+    return [routes, *_epp_objects(name, namespace, inputs.config, inputs.owner),
+            *_router_objects(svc, inputs.config, inputs.routes, inputs.long_context,
+                             inputs.router, inputs.owner)]

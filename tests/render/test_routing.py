@@ -1,0 +1,293 @@
+"""spec.routing.mode EndpointPicker: the router, the endpoint picker and the route table
+(render/routing.py), and scale from zero of the main pool (its activity Lease, the HPA floor)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pytest
+import yaml
+from glm_operator.gateway.config import add_arguments
+from glm_operator.gateway.flags import ROUTER_FLAGS
+from glm_operator.gateway.router import config as router_config
+from glm_operator.gateway.router import table as router_table
+from glm_operator.render.output import to_yaml
+from glm_operator.render.routing import (
+    RouteEntry,
+    endpoint_picker_config,
+    routes_document,
+)
+from glm_operator.render.service import Capabilities, render_service
+
+from render.cases import inputs, model_version, service
+from render.golden import check_golden
+from render.invariants import problems
+
+SCALE_FROM_ZERO = {"minReplicas": 0, "maxReplicas": 4, "targets": {"queueLength": 4}}
+ROUTING_OBJECTS = {("ConfigMap", "chat-routes"), ("ConfigMap", "chat-epp"),
+                   ("Deployment", "chat-epp"), ("Service", "chat-epp"),
+                   ("ServiceAccount", "chat-epp"), ("Role", "chat-epp"),
+                   ("RoleBinding", "chat-epp"), ("Deployment", "chat-router"),
+                   ("ServiceAccount", "chat-router"), ("Role", "chat-router"),
+                   ("RoleBinding", "chat-router"), ("Service", "chat-engines")}
+
+
+def rendered(capabilities: Capabilities | None = None, **spec: Any) -> list[dict[str, Any]]:
+    svc = service("llamacpp", "a100x2", **spec)
+    return render_service(inputs(svc, model_version("gguf"), capabilities=capabilities))
+
+
+def picker_service(**spec: Any) -> list[dict[str, Any]]:
+    """An autoscaled service that scales from zero, with a long-context pool."""
+    return rendered(Capabilities(service_monitor=True),
+                    routing={"mode": "EndpointPicker", "idleSeconds": 300,
+                             "failureMode": "FailClose", "routerReplicas": 3,
+                             "maxWaitingRequests": 64},
+                    autoscaling=SCALE_FROM_ZERO,
+                    longContext={"enabled": True, "contextLength": 131072, "maxReplicas": 2},
+                    **spec)
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def refs(objects: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    return {(o["kind"], o["metadata"]["name"]) for o in objects}
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in deployment["spec"]["template"]["spec"]["containers"]
+                if c["name"] == name)
+
+
+def option(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_golden_endpoint_picker_with_scale_from_zero() -> None:
+    check_golden("routing-llamacpp-a100x2.yaml", to_yaml(picker_service()))
+
+
+def test_invariants_hold_with_the_router_and_the_picker() -> None:
+    assert problems(picker_service()) == []
+    assert problems(rendered(routing={"mode": "EndpointPicker"}, replicas=3)) == []
+
+
+def test_mode_service_renders_none_of_the_routing_objects() -> None:
+    # The control of every test here: the default mode is the Service, as before.
+    for objects in (rendered(replicas=2), rendered(routing={"mode": "Service"}, replicas=2)):
+        assert not refs(objects) & ROUTING_OBJECTS
+        main = find(objects, "Service", "chat")
+        assert main["spec"]["selector"] == {"glm-operator.dev/service": "chat",
+                                            "glm-operator.dev/pool": "main"}
+        assert not [o for o in objects if o["kind"] == "Lease"]
+
+
+def test_endpoint_picker_renders_the_contracts_objects_and_moves_the_service() -> None:
+    objects = picker_service()
+    assert refs(objects) >= ROUTING_OBJECTS
+    client = find(objects, "Service", "chat")
+    assert client["spec"]["selector"] == {"glm-operator.dev/service": "chat",
+                                          "app.kubernetes.io/component": "router"}
+    router = find(objects, "Deployment", "chat-router")
+    assert router["spec"]["template"]["metadata"]["labels"].items() >= \
+        client["spec"]["selector"].items()
+    assert router["spec"]["replicas"] == 3
+    # The engine pods keep a Service, the one the ServiceMonitor scrapes (component endpoint).
+    engines = find(objects, "Service", "chat-engines")
+    assert engines["spec"]["selector"] == {"glm-operator.dev/service": "chat",
+                                           "glm-operator.dev/pool": "main"}
+    monitor = find(objects, "ServiceMonitor", "chat")["spec"]["selector"]["matchLabels"]
+    assert engines["metadata"]["labels"].items() >= monitor.items()
+    assert not client["metadata"]["labels"].items() >= monitor.items()
+    for obj in objects:
+        if (obj["kind"], obj["metadata"]["name"]) in ROUTING_OBJECTS:
+            assert obj["metadata"]["ownerReferences"][0]["kind"] == "GLMService"
+
+
+def test_the_router_runs_the_operator_image_with_the_contracts_flags() -> None:
+    objects = picker_service()
+    router = container(find(objects, "Deployment", "chat-router"), "router")
+    gateway = container(find(objects, "Deployment", "chat-glm4-9b-q4"), "gateway")
+    assert router["image"] == gateway["image"]
+    args = router["args"]
+    assert args[:2] == ["gateway", "--router"]
+    assert option(args, "--routes-configmap") == "chat-routes"
+    assert option(args, "--picker-address") == "chat-epp.models.svc.cluster.local:9002"
+    assert option(args, "--picker-failure-mode") == "closed"  # FailClose
+    assert option(args, "--max-waiting") == "64"
+    assert option(args, "--pod-port") == "8080"
+    # What the router's own parser makes of them (gateway/router/config.py).
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, ROUTER_FLAGS)
+    parsed = router_config.from_args(parser.parse_args(args[1:]))
+    assert (parsed.service_name, parsed.namespace, parsed.picker_failure_mode,
+            parsed.max_waiting, parsed.picker_timeout_seconds) == ("chat", "models", "closed",
+                                                                   64, 0.1)
+    assert router["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert router["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert router["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+
+
+def test_fail_open_is_the_default() -> None:
+    objects = rendered(routing={"mode": "EndpointPicker"}, replicas=2)
+    args = container(find(objects, "Deployment", "chat-router"), "router")["args"]
+    assert option(args, "--picker-failure-mode") == "open"
+
+
+def test_the_route_table_is_what_the_router_parses() -> None:
+    objects = picker_service()
+    text = find(objects, "ConfigMap", "chat-routes")["data"]["routes.json"]
+    assert json.loads(text) == {
+        "versions": [{"name": "glm4-9b-q4", "weight": 100, "deployment": "chat-glm4-9b-q4",
+                      "minReplicas": 0, "wakeTimeoutSeconds": 360.0,
+                      "activityLease": "chat-glm4-9b-q4-activity"}],
+        "mainContextTokens": 32768,
+        "longContext": {"url": "http://chat-lc.models.svc.cluster.local:8080",
+                        "contextTokens": 131072,
+                        "deployments": {"glm4-9b-q4": "chat-glm4-9b-q4-lc"},
+                        "minReplicas": 0, "wakeTimeoutSeconds": 360.0,
+                        "activityLease": "chat-lc"},
+    }
+    table = router_table.parse(text)
+    assert [v.name for v in table.versions] == ["glm4-9b-q4"]
+    assert table.versions[0].activity_lease == "chat-glm4-9b-q4-activity"
+    assert table.long_context is not None
+
+
+def test_without_scale_from_zero_or_long_context_the_table_says_so() -> None:
+    objects = rendered(routing={"mode": "EndpointPicker"}, replicas=3)
+    table = json.loads(find(objects, "ConfigMap", "chat-routes")["data"]["routes.json"])
+    assert table["versions"][0]["minReplicas"] == 3
+    assert table["versions"][0]["activityLease"] is None
+    assert table["longContext"] is None
+
+
+def test_route_weights_must_sum_to_100() -> None:
+    entry = RouteEntry("v1", 60, "chat-v1", 1, 300.0, None)
+    with pytest.raises(ValueError, match="sum to 100"):
+        routes_document([entry], 8192, None)
+    both = routes_document([entry, RouteEntry("v2", 40, "chat-v2", 1, 300.0, None)], 8192, None)
+    assert [v["weight"] for v in both["versions"]] == [60, 40]
+
+
+def test_the_picker_selects_the_main_pools_engine_pods_and_scores_on_gateway_metrics() -> None:
+    objects = picker_service()
+    epp = find(objects, "Deployment", "chat-epp")
+    c = container(epp, "epp")
+    assert c["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    args = c["args"]
+    assert option(args, "--endpoint-selector") == \
+        "glm-operator.dev/service=chat,glm-operator.dev/pool=main"
+    assert option(args, "--endpoint-target-ports") == "8080"
+    assert option(args, "--total-queued-requests-metric") == "glm_gateway_requests_queued"
+    assert option(args, "--kv-cache-usage-percentage-metric") == \
+        "glm_gateway_kv_cache_usage_ratio"
+    assert option(args, "--config-file") == "/etc/epp/config.yaml"
+    assert {p["containerPort"] for p in c["ports"]} == {9002, 9003, 9090}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["grpc"]["port"] == 9003
+    assert c["resources"]["requests"] == {"cpu": "200m", "memory": "256Mi"}
+    assert epp["spec"]["replicas"] == 1 and epp["spec"]["strategy"] == {"type": "Recreate"}
+    config = yaml.safe_load(find(objects, "ConfigMap", "chat-epp")["data"]["config.yaml"])
+    assert config == endpoint_picker_config()
+    weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
+    assert weights == {"prefix-cache-scorer": 3, "queue-scorer": 2,
+                       "kv-cache-utilization-scorer": 2, "max-score-picker": None}
+    # A changed config rolls the picker (it reads the file once).
+    assert epp["spec"]["template"]["metadata"]["annotations"]["glm-operator.dev/config-hash"]
+
+
+def test_the_operator_config_chooses_the_picker_image() -> None:
+    from glm_operator.config import OperatorConfig
+
+    svc = service("llamacpp", "a100x2", routing={"mode": "EndpointPicker"}, replicas=2)
+    config = OperatorConfig(imageTag="0.1.0", eppImage="mirror.example/epp:v1.2.0")
+    objects = render_service(inputs(svc, model_version("gguf"), config=config))
+    assert container(find(objects, "Deployment", "chat-epp"), "epp")["image"] == \
+        "mirror.example/epp:v1.2.0"
+
+
+def test_router_and_picker_rbac_is_narrow() -> None:
+    objects = picker_service()
+    epp_rules = find(objects, "Role", "chat-epp")["rules"]
+    assert epp_rules == [{"apiGroups": [""], "resources": ["pods"],
+                          "verbs": ["get", "list", "watch"]}]
+    by_resource = {r["resources"][0]: r for r in find(objects, "Role", "chat-router")["rules"]}
+    assert set(by_resource) == {"pods", "configmaps", "deployments", "deployments/scale",
+                                "leases"}
+    assert by_resource["configmaps"]["resourceNames"] == ["chat-routes"]
+    # Both pools of the version: the router wakes the long-context pool too.
+    assert by_resource["deployments/scale"]["resourceNames"] == ["chat-glm4-9b-q4",
+                                                                 "chat-glm4-9b-q4-lc"]
+    assert by_resource["deployments/scale"]["verbs"] == ["get", "patch", "update"]
+    assert by_resource["leases"]["resourceNames"] == ["chat-glm4-9b-q4-activity", "chat-lc"]
+    for name in ("chat-epp", "chat-router"):
+        binding = find(objects, "RoleBinding", name)
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"][0]["name"] == name
+        pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == name and pod["automountServiceAccountToken"]
+
+
+def test_scale_from_zero_gives_each_version_a_lease_its_gateways_renew() -> None:
+    objects = picker_service()
+    lease = find(objects, "Lease", "chat-glm4-9b-q4-activity")
+    assert lease["spec"]["leaseDurationSeconds"] == 300  # routing.idleSeconds
+    deployment = find(objects, "Deployment", "chat-glm4-9b-q4")
+    gateway = container(deployment, "gateway")
+    assert option(gateway["args"], "--activity-lease") == "chat-glm4-9b-q4-activity"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "chat-gateway"
+    role = find(objects, "Role", "chat-glm4-9b-q4-activity")
+    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                              "resourceNames": ["chat-glm4-9b-q4-activity"],
+                              "verbs": ["patch"]}]
+    assert find(objects, "RoleBinding", "chat-glm4-9b-q4-activity")["subjects"][0]["name"] == \
+        "chat-gateway"
+    # Created awake (the first version must load to be promoted); the HPA's floor is 1: it
+    # leaves a Deployment at 0 alone, and the operator's idle clock puts it to sleep.
+    assert deployment["metadata"]["annotations"]["glm-operator.dev/initial-replicas"] == "1"
+    hpa = find(objects, "HorizontalPodAutoscaler", "chat-glm4-9b-q4")
+    assert hpa["spec"]["minReplicas"] == 1
+
+
+def test_scale_from_zero_without_long_context_makes_the_gateway_account() -> None:
+    objects = rendered(routing={"mode": "EndpointPicker"}, autoscaling=SCALE_FROM_ZERO)
+    assert find(objects, "ServiceAccount", "chat-gateway")
+    assert find(objects, "Lease", "chat-glm4-9b-q4-activity")
+    # Exactly one account of that name, whichever pool asked for it.
+    assert problems(objects) == []
+
+
+def test_min_replicas_one_renders_no_main_lease() -> None:
+    # The control: an EndpointPicker service that never sleeps has no activity wiring.
+    objects = rendered(routing={"mode": "EndpointPicker"},
+                       autoscaling={**SCALE_FROM_ZERO, "minReplicas": 1})
+    assert not [o for o in objects if o["kind"] == "Lease"]
+    gateway = container(find(objects, "Deployment", "chat-glm4-9b-q4"), "gateway")
+    assert "--activity-lease" not in gateway["args"]
+    table = json.loads(find(objects, "ConfigMap", "chat-routes")["data"]["routes.json"])
+    assert table["versions"][0]["activityLease"] is None
+    assert table["versions"][0]["minReplicas"] == 1
+
+
+def test_auto_scaler_takes_the_hpa_for_scale_from_zero_even_with_keda() -> None:
+    from glm_operator.config import OperatorConfig, PrometheusSettings
+
+    svc = service("llamacpp", "a100x2", routing={"mode": "EndpointPicker"},
+                  autoscaling=SCALE_FROM_ZERO)
+    config = OperatorConfig(imageTag="0.1.0",
+                            prometheus=PrometheusSettings(url="http://prometheus:9090"))
+    objects = render_service(inputs(svc, model_version("gguf"), config=config,
+                                    capabilities=Capabilities(keda=True)))
+    kinds = {o["kind"] for o in objects}
+    assert "HorizontalPodAutoscaler" in kinds and "ScaledObject" not in kinds
+    # The control: minReplicas 1 with the same cluster takes KEDA.
+    svc = service("llamacpp", "a100x2", routing={"mode": "EndpointPicker"},
+                  autoscaling={**SCALE_FROM_ZERO, "minReplicas": 1})
+    objects = render_service(inputs(svc, model_version("gguf"), config=config,
+                                    capabilities=Capabilities(keda=True)))
+    assert "ScaledObject" in {o["kind"] for o in objects}
