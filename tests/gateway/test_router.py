@@ -35,27 +35,33 @@ from glm_operator.gateway.router.pods import ready_by_version
 from glm_operator.gateway.router.table import TableError, WeightedSplit, parse
 from glm_operator.gateway.wire.messages import Request, Response, Router, Streamed
 from glm_operator.gateway.wire.server import HttpServer
-from glm_operator.wellknown import VERSION_LABEL
+from glm_operator.wellknown import POOL_LABEL, VERSION_LABEL
 
 # --- the route table ---------------------------------------------------------------------------
 
 
 def table_json(weights: dict[str, int], *, min_replicas: int = 1, context: int = 0,
-               long_url: str | None = None, wake_timeout: float = 5.0) -> str:
+               long_context: bool = False, wake_timeout: float = 5.0) -> str:
     return json.dumps({
         "versions": [{"name": name, "weight": weight, "deployment": f"svc-{name}",
                       "minReplicas": min_replicas, "wakeTimeoutSeconds": wake_timeout,
                       "activityLease": None} for name, weight in weights.items()],
         "mainContextTokens": context,
-        "longContext": {"url": long_url, "contextTokens": 100_000} if long_url else None,
+        "longContext": {"contextTokens": 100_000, "minReplicas": 0, "wakeTimeoutSeconds": 5,
+                        "activityLease": "svc-long-context-activity",
+                        "deployments": {name: f"svc-{name}-long" for name in weights}}
+        if long_context else None,
     })
 
 
 def test_the_table_parses_what_the_operator_writes() -> None:
-    table = parse(table_json({"v1": 90, "v2": 10}, context=4096, long_url="http://lc:8080"))
+    table = parse(table_json({"v1": 90, "v2": 10}, context=4096, long_context=True))
     assert table.names == ("v1", "v2")
     assert table.main_context_tokens == 4096
-    assert table.long_context is not None and table.long_context.url == "http://lc:8080"
+    assert table.long_context is not None
+    long_route = table.long_context.route_for(table.versions[1])
+    assert long_route is not None and long_route.deployment == "svc-v2-long"
+    assert long_route.min_replicas == 0
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -95,8 +101,10 @@ def test_a_version_at_zero_weight_gets_nothing() -> None:
 # --- pods, the picker's messages, the engines' cache counts -----------------------------------
 
 
-def pod(name: str, version: str, ip: str, ready: bool = True, **extra: Any) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": {VERSION_LABEL: version}, **extra},
+def pod(name: str, version: str, ip: str, ready: bool = True, pool: str = "main",
+        **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {VERSION_LABEL: version, POOL_LABEL: pool},
+                         **extra},
             "status": {"phase": "Running", "podIP": ip,
                        "conditions": [{"type": "Ready", "status": str(ready)}]}}
 
@@ -107,8 +115,10 @@ def test_only_ready_pods_with_an_address_count() -> None:
             pod("e", "v1", "10.0.0.5", deletionTimestamp="2026-01-01T00:00:00Z"),
             pod("f", "v1", "fd00::6")]
     ready = ready_by_version(pods, 8080)
-    assert [e.address for e in ready["v1"]] == ["10.0.0.1:8080", "[fd00::6]:8080"]
-    assert [e.address for e in ready["v2"]] == ["10.0.0.3:8080"]
+    assert [e.address for e in ready["main", "v1"]] == ["10.0.0.1:8080", "[fd00::6]:8080"]
+    assert [e.address for e in ready["main", "v2"]] == ["10.0.0.3:8080"]
+    long_pool = ready_by_version([pod("g", "v1", "10.0.0.7", pool="long-context")], 8080)
+    assert list(long_pool) == [("long-context", "v1")]
 
 
 def test_the_picker_gets_headers_then_the_body_with_the_subset_on_each() -> None:
@@ -264,13 +274,14 @@ class Scene:
     def publish_pods(self, *names: str) -> None:
         assert self.app is not None
         versions = {"a": "v1", "b": "v1", "c": "v2"}
-        self.app._on_pods({name: pod(name, versions.get(name, "v1"), "127.0.0.1")
+        self.app._on_pods({name: pod(name, versions.get(name, "v1"), "127.0.0.1",
+                                     pool="long-context" if name == "long" else "main")
                            for name in names})
         # all stand-ins share 127.0.0.1: the port tells them apart
         self.app.pods.by_version = {
-            version: tuple(e.__class__(e.name, f"127.0.0.1:{self.pods[e.name].port}")
-                           for e in endpoints)
-            for version, endpoints in self.app.pods.by_version.items()}
+            key: tuple(e.__class__(e.name, f"127.0.0.1:{self.pods[e.name].port}")
+                       for e in endpoints)
+            for key, endpoints in self.app.pods.by_version.items()}
 
     def publish_table(self, text: str) -> None:
         assert self.app is not None
@@ -375,9 +386,8 @@ async def test_a_failing_picker_fails_closed_with_retry_after(scene: Scene) -> N
 async def test_a_long_prompt_goes_straight_to_the_long_context_pool(scene: Scene) -> None:
     app = await scene.start()
     main, long_pool = await scene.add_pod("a", ""), await scene.add_pod("long", "")
-    scene.publish_table(table_json({"v1": 100}, context=100,
-                                   long_url=f"http://127.0.0.1:{long_pool.port}"))
-    scene.publish_pods("a")
+    scene.publish_table(table_json({"v1": 100}, context=100, long_context=True))
+    scene.publish_pods("a", "long")
     status, headers, body = await chat(scene, content="x" * 401)  # > 100 tokens at 4 chars
     assert status == 200 and json.loads(body)["pod"] == "long"
     assert headers["X-Glm-Pool"] == "long-context"
@@ -460,3 +470,19 @@ async def test_without_a_wait_a_refusing_pod_is_a_prompt_503(scene: Scene) -> No
     status, _, body = await chat(scene)
     assert status == 503 and b"could be reached" in body
     assert asyncio.get_running_loop().time() - started < 2
+
+
+async def test_a_sleeping_pool_that_cannot_be_woken_says_why(scene: Scene) -> None:
+    """The long-context pool at zero: the router tries to wake it (here the API server does
+    not answer) and the held request ends in a 503 that names the pool and the failure."""
+    app = await scene.start()
+    await scene.add_pod("a", "")
+    table = json.loads(table_json({"v1": 100}, context=100, long_context=True))
+    table["longContext"]["wakeTimeoutSeconds"] = 0.5
+    scene.publish_table(json.dumps(table))
+    scene.publish_pods("a")
+    status, headers, body = await chat(scene, content="x" * 401)
+    assert status == 503 and b"long-context pool" in body and b"the wake failed" in body
+    assert headers["Retry-After"] == "1"
+    assert not scene.pods["a"].seen  # never sent to the main pool instead
+    assert ("long-context", "v1") in app._wakers

@@ -39,7 +39,7 @@ from glm_operator.gateway.router.forward import (
 )
 from glm_operator.gateway.router.metrics import RouterMetrics
 from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
-from glm_operator.gateway.router.pods import PodEndpoint, ReadyPods
+from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
 from glm_operator.gateway.router.table import (
     RouteTable,
     TableError,
@@ -62,7 +62,7 @@ from glm_operator.kube.activity import ActivityLease, LeaseRef
 from glm_operator.kube.list_watch import ListWatch, Objects
 from glm_operator.kube.pod_api import PodTokenApi
 from glm_operator.kube.scale import DeploymentRef, DeploymentScale
-from glm_operator.wellknown import MAIN_POOL, POOL_LABEL, SERVICE_LABEL
+from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL, SERVICE_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,8 @@ class RouterApp:
         self._split: WeightedSplit | None = None
         self._in_flight: dict[str, int] = {}
         self._turn = 0
-        self._wakers: dict[str, MainPoolWaker] = {}
-        self._activity: dict[str, ActivityMarker] = {}
+        self._wakers: dict[PoolKey, MainPoolWaker] = {}
+        self._activity: dict[str, ActivityMarker] = {}  # main pools' Leases, by version
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._watches: list[ListWatch] = []
@@ -128,8 +128,7 @@ class RouterApp:
                       {"fieldSelector": f"metadata.name={self.config.routes_configmap}"},
                       self._on_routes),
             ListWatch(api, f"/api/v1/namespaces/{ns}/pods",
-                      {"labelSelector": f"{SERVICE_LABEL}={self._service},"
-                                        f"{POOL_LABEL}={MAIN_POOL}"},
+                      {"labelSelector": f"{SERVICE_LABEL}={self._service}"},
                       self._on_pods),
         ]
         for watch in self._watches:
@@ -195,21 +194,33 @@ class RouterApp:
                     self._session))
                 self._activity[version.name] = marker
                 self._tasks.append(asyncio.create_task(marker.run()))
-            if version.min_replicas == 0 and version.name not in self._wakers:
-                scale = DeploymentScale(
-                    DeploymentRef(self.config.api_server, self.config.namespace,
-                                  version.deployment),
-                    self.config.token_path, self.config.ca_path, self._session)
-                self._wakers[version.name] = MainPoolWaker(
-                    scale, self._marker_renewal(self._activity.get(version.name)),
-                    self.metrics.wakes.labels(self._service, version.name).inc)
+            self._add_waker(MAIN_POOL, version)
+            if table.long_context is not None:
+                long_route = table.long_context.route_for(version)
+                if long_route is not None:
+                    self._add_waker(LONG_CONTEXT_POOL, long_route)
+
+    def _add_waker(self, pool: str, route: VersionRoute) -> None:
+        """A pool that may sleep gets a waker (one per pool and version, kept)."""
+        assert self._session is not None
+        if route.min_replicas != 0 or (pool, route.name) in self._wakers:
+            return
+        scale = DeploymentScale(
+            DeploymentRef(self.config.api_server, self.config.namespace, route.deployment),
+            self.config.token_path, self.config.ca_path, self._session)
+        lease = None
+        if route.activity_lease:
+            lease = ActivityLease(
+                LeaseRef(self.config.api_server, self.config.namespace, route.activity_lease),
+                self._identity, self.config.token_path, self.config.ca_path, self._session)
+        self._wakers[(pool, route.name)] = MainPoolWaker(
+            scale, self._lease_renewal(lease),
+            self.metrics.wakes.labels(self._service, route.name).inc)
 
     @staticmethod
-    def _marker_renewal(marker: ActivityMarker | None) -> Any:
+    def _lease_renewal(lease: ActivityLease | None) -> Any:
         async def renew() -> object:
-            if marker is not None:
-                return await renew_logged(marker.lease)
-            return None
+            return await renew_logged(lease) if lease is not None else None
         return renew
 
     def _on_pods(self, objects: Objects) -> None:
@@ -308,44 +319,41 @@ class RouterApp:
         stream = body.get("stream") is True
         answer_headers = {"X-Glm-Version": version.name}
         pod_headers = identity_headers(request, {})
+        pool, route = MAIN_POOL, version
         long_context = table.long_context
         if (long_context is not None and table.main_context_tokens
                 and prompt_chars(body) / self.config.chars_per_token
                 > table.main_context_tokens):
-            self.metrics.picks.labels(self._service, "long_context").inc()
-            host_port = long_context.url.removeprefix("http://").split("/")[0]
-            answer_headers["X-Glm-Pool"] = "long-context"
-            try:
-                return await forward(request, self.clients, host_port, request.body, stream,
-                                     pod_headers, answer_headers, self._cache(version),
-                                     self.config.read_timeout_seconds), version.name
-            except PodUnreachable as exc:
-                return self._unavailable(f"the long-context pool: {exc}", 5), version.name
-        ready = self.pods.of(version.name)
+            long_route = long_context.route_for(version)
+            if long_route is not None:
+                pool, route = LONG_CONTEXT_POOL, long_route
+                answer_headers["X-Glm-Pool"] = LONG_CONTEXT_POOL
+        ready = self.pods.of(route.name, pool)
         held_until = None
         if not ready:
-            held_until = asyncio.get_running_loop().time() + version.wake_timeout_seconds
-            ready_or_answer = await self._wait_for_pods(version)
+            held_until = asyncio.get_running_loop().time() + route.wake_timeout_seconds
+            ready_or_answer = await self._wait_for_pods(route, pool)
             if isinstance(ready_or_answer, Response):
                 return ready_or_answer, version.name
             ready = ready_or_answer
-        return await self._send(request, version, ready, stream, pod_headers,
+        return await self._send(request, route, pool, ready, stream, pod_headers,
                                 answer_headers, held_until), version.name
 
-    async def _wait_for_pods(self, version: VersionRoute
+    async def _wait_for_pods(self, version: VersionRoute, pool: str
                              ) -> tuple[PodEndpoint, ...] | Response:
         if self.waiting >= self.config.max_waiting:
             return self._unavailable(
                 f"version {version.name} has no ready pod and {self.waiting} requests wait "
                 f"for one already (--max-waiting)", 5, "too_many_waiting")
-        waker = self._wakers.get(version.name)
+        waker = self._wakers.get((pool, version.name))
         if waker is not None:
             waker.wake()
         gauge = self.metrics.waiting.labels(self._service)
         self.waiting += 1
         gauge.set(self.waiting)
         try:
-            ready = await self.pods.wait_for(version.name, version.wake_timeout_seconds)
+            ready = await self.pods.wait_for(version.name, version.wake_timeout_seconds,
+                                             pool)
         finally:
             self.waiting -= 1
             gauge.set(self.waiting)
@@ -355,18 +363,22 @@ class RouterApp:
                    f"none became ready within {version.wake_timeout_seconds:g} s")
             if waker is not None and waker.last_error:
                 why += f" (the wake failed: {waker.last_error})"
-            return self._unavailable(f"version {version.name} has no ready pod: {why}",
+            return self._unavailable(f"version {version.name} has no ready pod in its "
+                                     f"{pool} pool: {why}",
                                      min(version.wake_timeout_seconds, 60), "not_ready")
         return ready
 
-    async def _send(self, request: Request, version: VersionRoute,
+    async def _send(self, request: Request, version: VersionRoute, pool: str,
                     ready: tuple[PodEndpoint, ...], stream: bool, pod_headers: bytes,
                     answer_headers: dict[str, str], held_until: float | None = None
                     ) -> Response | Streamed:
         """`held_until`: the request waited for the version's first ready pod, whose gateway
         may not listen yet (Ready is the kubelet's word, a moment ahead of the socket): a
         refused connection is tried again until then, as nothing was sent."""
-        address, reason = await self._choose(request, ready)
+        if pool == MAIN_POOL:
+            address, reason = await self._choose(request, ready)
+        else:  # the picker's selector is the main pool; long requests are few and long
+            address, reason = self._least_loaded(ready), "long_context"
         if address is None:
             return self._unavailable(
                 f"the endpoint picker failed ({reason}) and this service fails closed "
@@ -375,17 +387,18 @@ class RouterApp:
         tried = {address}
         while True:
             try:
-                return await self._forward_counted(request, address, version, stream,
+                return await self._forward_counted(request, address, version, pool, stream,
                                                    pod_headers, answer_headers)
             except PodUnreachable as exc:
                 # Nothing was sent: another ready pod of the version takes it, once each.
                 log.warning("%s; trying another pod", exc)
-                others = tuple(e for e in self.pods.of(version.name) if e.address not in tried)
+                others = tuple(e for e in self.pods.of(version.name, pool)
+                               if e.address not in tried)
                 loop = asyncio.get_running_loop()
                 if not others and held_until is not None and loop.time() < held_until:
                     await asyncio.sleep(REFUSED_RETRY_SECONDS)
                     tried.clear()
-                    others = self.pods.of(version.name)
+                    others = self.pods.of(version.name, pool)
                 if not others:
                     return self._unavailable(f"no pod of version {version.name} could be "
                                              f"reached (last: {exc})", 1)
@@ -393,10 +406,10 @@ class RouterApp:
                 tried.add(address)
 
     async def _forward_counted(self, request: Request, address: str, version: VersionRoute,
-                               stream: bool, pod_headers: bytes,
+                               pool: str, stream: bool, pod_headers: bytes,
                                answer_headers: dict[str, str]) -> Response | Streamed:
         """Forward, counting the request in the pod's load and the version's activity."""
-        marker = self._activity.get(version.name)
+        marker = self._activity.get(version.name) if pool == MAIN_POOL else None
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         if marker is not None:
             marker.begin()

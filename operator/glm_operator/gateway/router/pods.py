@@ -1,8 +1,8 @@
-"""The service's ready main-pool pods, by version, as the router sees them.
+"""The service's ready pods, by pool and version, as the router sees them.
 
 Pure apart from the `changed` event: `ready_by_version` reads pod objects (from the router's
 watch) into addresses, and `ReadyPods` holds the current answer and wakes whoever waits for
-a version to get its first ready pod.
+a pool of a version to get its first ready pod.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from glm_operator.wellknown import VERSION_LABEL
+from glm_operator.wellknown import MAIN_POOL, POOL_LABEL, VERSION_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,23 +43,27 @@ def _address(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+PoolKey = tuple[str, str]  # (pool, version)
+
+
 def ready_by_version(pods: Iterable[dict[str, Any]], port: int
-                     ) -> dict[str, tuple[PodEndpoint, ...]]:
-    by_version: dict[str, list[PodEndpoint]] = {}
+                     ) -> dict[PoolKey, tuple[PodEndpoint, ...]]:
+    by_key: dict[PoolKey, list[PodEndpoint]] = {}
     for pod in pods:
-        version = (pod.get("metadata", {}).get("labels") or {}).get(VERSION_LABEL)
+        labels = pod.get("metadata", {}).get("labels") or {}
+        version = labels.get(VERSION_LABEL)
         if not version or not _ready(pod):
             continue
         endpoint = PodEndpoint(pod["metadata"]["name"], _address(pod["status"]["podIP"], port))
-        by_version.setdefault(version, []).append(endpoint)
-    return {version: tuple(sorted(endpoints, key=lambda e: e.name))
-            for version, endpoints in by_version.items()}
+        by_key.setdefault((labels.get(POOL_LABEL, MAIN_POOL), version), []).append(endpoint)
+    return {key: tuple(sorted(endpoints, key=lambda e: e.name))
+            for key, endpoints in by_key.items()}
 
 
 class ReadyPods:
     def __init__(self, port: int) -> None:
         self._port = port
-        self.by_version: dict[str, tuple[PodEndpoint, ...]] = {}
+        self.by_version: dict[PoolKey, tuple[PodEndpoint, ...]] = {}
         self._changed = asyncio.Event()
 
     def update(self, pods: Iterable[dict[str, Any]]) -> None:
@@ -67,8 +71,8 @@ class ReadyPods:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def of(self, version: str) -> tuple[PodEndpoint, ...]:
-        return self.by_version.get(version, ())
+    def of(self, version: str, pool: str = MAIN_POOL) -> tuple[PodEndpoint, ...]:
+        return self.by_version.get((pool, version), ())
 
     def find(self, address: str) -> PodEndpoint | None:
         for endpoints in self.by_version.values():
@@ -77,11 +81,12 @@ class ReadyPods:
                     return endpoint
         return None
 
-    async def wait_for(self, version: str, timeout: float) -> tuple[PodEndpoint, ...]:
-        """The version's ready pods once it has one; () when `timeout` passes first."""
+    async def wait_for(self, version: str, timeout: float, pool: str = MAIN_POOL
+                       ) -> tuple[PodEndpoint, ...]:
+        """The pool's ready pods once it has one; () when `timeout` passes first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not (ready := self.of(version)):
+        while not (ready := self.of(version, pool)):
             left = deadline - loop.time()
             if left <= 0:
                 return ()

@@ -34,8 +34,22 @@ class VersionRoute:
 
 @dataclass(frozen=True, slots=True)
 class LongContextRoute:
-    url: str
+    """The long-context pool: its pods are found like the main pool's (by the pool label),
+    one Deployment per version, woken from zero like a main pool."""
+
     context_tokens: int
+    deployments: dict[str, str]  # version -> its long-context Deployment
+    min_replicas: int
+    wake_timeout_seconds: float
+    activity_lease: str | None
+
+    def route_for(self, version: VersionRoute) -> VersionRoute | None:
+        """The version's long-context pool, as a route of its own (None: it has none)."""
+        deployment = self.deployments.get(version.name)
+        if deployment is None:
+            return None
+        return VersionRoute(version.name, version.weight, deployment, self.min_replicas,
+                            self.wake_timeout_seconds, self.activity_lease)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +76,7 @@ def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], where:
     return value
 
 
-def _version(item: Any, index: int) -> VersionRoute:
-    where = f"versions[{index}]"
-    if not isinstance(item, dict):
-        raise TableError(f"{where} must be an object")
-    name = _field(item, "name", str, where)
-    weight = _field(item, "weight", int, where)
-    if not name or len(name) > 63:
-        raise TableError(f"{where}.name must be 1 to 63 characters")
-    if not 0 <= weight <= 100:
-        raise TableError(f"{where}.weight must be 0..100, got {weight}")
+def _wake_fields(item: dict[str, Any], where: str) -> tuple[int, float, str | None]:
     minimum = item.get("minReplicas", 1)
     if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 0:
         raise TableError(f"{where}.minReplicas must be a non-negative integer")
@@ -82,8 +87,36 @@ def _version(item: Any, index: int) -> VersionRoute:
     lease = item.get("activityLease")
     if lease is not None and not isinstance(lease, str):
         raise TableError(f"{where}.activityLease must be a string or null")
-    return VersionRoute(name, weight, _field(item, "deployment", str, where), minimum,
-                        float(timeout), lease or None)
+    return minimum, float(timeout), lease or None
+
+
+def _version(item: Any, index: int) -> VersionRoute:
+    where = f"versions[{index}]"
+    if not isinstance(item, dict):
+        raise TableError(f"{where} must be an object")
+    name = _field(item, "name", str, where)
+    weight = _field(item, "weight", int, where)
+    if not name or len(name) > 63:
+        raise TableError(f"{where}.name must be 1 to 63 characters")
+    if not 0 <= weight <= 100:
+        raise TableError(f"{where}.weight must be 0..100, got {weight}")
+    return VersionRoute(name, weight, _field(item, "deployment", str, where),
+                        *_wake_fields(item, where))
+
+
+def _long_context(raw: Any) -> LongContextRoute | None:
+    if raw is None:
+        return None
+    where = "routes.longContext"
+    if not isinstance(raw, dict):
+        raise TableError(f"{where} must be an object or null")
+    context = _field(raw, "contextTokens", int, where)
+    if context <= 0:
+        raise TableError(f"{where}.contextTokens must be positive")
+    deployments = _field(raw, "deployments", dict, where)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in deployments.items()):
+        raise TableError(f"{where}.deployments must map version names to Deployment names")
+    return LongContextRoute(context, dict(deployments), *_wake_fields(raw, where))
 
 
 def parse(text: str | bytes) -> RouteTable:
@@ -108,16 +141,7 @@ def parse(text: str | bytes) -> RouteTable:
     context = data.get("mainContextTokens", 0)
     if not isinstance(context, int) or isinstance(context, bool) or context < 0:
         raise TableError("routes.mainContextTokens must be a non-negative integer")
-    long_context = None
-    raw = data.get("longContext")
-    if raw is not None:
-        if not isinstance(raw, dict):
-            raise TableError("routes.longContext must be an object or null")
-        url = _field(raw, "url", str, "routes.longContext")
-        if not url.startswith("http://"):
-            raise TableError("routes.longContext.url must be an http:// URL")
-        long_context = LongContextRoute(url.rstrip("/"),
-                                        _field(raw, "contextTokens", int, "routes.longContext"))
+    long_context = _long_context(data.get("longContext"))
     return RouteTable(versions, context, long_context)
 
 
