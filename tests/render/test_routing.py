@@ -187,6 +187,9 @@ def test_the_picker_selects_the_main_pools_engine_pods_and_scores_on_gateway_met
     assert option(args, "--kv-cache-usage-percentage-metric") == \
         "glm_gateway_kv_cache_usage_ratio"
     assert option(args, "--config-file") == "/etc/epp/config.yaml"
+    assert option(args, "--pool-namespace") == "models"
+    assert "--pool-name" not in args  # v1.2.0 refuses it beside --endpoint-selector
+    assert {"--lora-info-metric=", "--cache-info-metric="} <= set(args)
     assert {p["containerPort"] for p in c["ports"]} == {9002, 9003, 9090}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == 9003

@@ -174,17 +174,25 @@ def endpoint_picker_config() -> dict[str, Any]:
     prefill, the largest saving a pick can make for chats and agents that resend their
     history. Queue (2) and KV-cache use (2) keep a hot pod from being chosen for its prefix
     alone: a pod with waiting requests or a full cache would make the request wait or evict
-    what it holds. These are the weights of the EPP's own default profile.
+    what it holds. These are the weights of the EPP's own default profile: a full prefix
+    match outweighs either load signal alone, not both (every scorer gives 0..1).
+
+    The prefix scorer's autoTune is off: it would read the block size from the cache-info
+    metric, which our gateways do not export (epp_args turns it off); blockSize counts
+    characters of the prompt (64, about 16 tokens), lruCapacityPerServer blocks. The picker
+    returns one pod: the router sends the request there.
     """
     return {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
         "plugins": [
-            {"type": "single-profile-handler"},
-            {"type": "prefix-cache-scorer"},
+            {"type": "prefix-cache-scorer",
+             "parameters": {"autoTune": False, "blockSize": 64, "maxPrefixBlocksToMatch": 256,
+                            "lruCapacityPerServer": 31250}},
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
-            {"type": "max-score-picker"},
+            {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 1}},
+            {"type": "single-profile-handler"},
         ],
         "schedulingProfiles": [{
             "name": "default",
@@ -199,12 +207,13 @@ def endpoint_picker_config() -> dict[str, Any]:
 
 
 def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
-    """The EPP's flags: standalone (no InferencePool: pods found by label), plain gRPC
-    inside the cluster, and the metrics it scores on read from our gateways' /metrics, which
-    export the queue and KV-cache series for llama.cpp and vLLM alike."""
+    """The EPP's flags: standalone (no InferencePool: pods found by label, in
+    --pool-namespace), plain gRPC inside the cluster, and the metrics it scores on read from
+    our gateways' /metrics, which export the queue and KV-cache series for llama.cpp and vLLM
+    alike. No --pool-name: v1.2.0 refuses it beside --endpoint-selector (e2e/epp.py runs
+    this release with these flags)."""
     port = str(config.gateway_port)
     return [
-        "--pool-name", service,
         "--pool-namespace", namespace,
         "--endpoint-selector", engine_pods_selector(service),
         "--endpoint-target-ports", port,
@@ -220,8 +229,12 @@ def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
         "--model-server-metrics-path", "/metrics",
         "--total-queued-requests-metric", "glm_gateway_requests_queued",
         "--kv-cache-usage-percentage-metric", "glm_gateway_kv_cache_usage_ratio",
-        # No LoRA adapters are served: an empty metric name turns that scrape off.
-        "--lora-info-metric", "",
+        # Neither is exported by our gateways (no LoRA adapters; the KV block size is not
+        # needed with the prefix scorer's autoTune off): an empty name turns the scrape off.
+        "--lora-info-metric=",
+        "--cache-info-metric=",
+        "--tracing=false",  # no OpenTelemetry collector to export to
+        "--enable-pprof=false",
         "--config-file", f"{EPP_CONFIG_DIR}/{EPP_CONFIG_KEY}",
     ]
 
