@@ -252,7 +252,7 @@ class RouterApp:
     async def _models(self, request: Request) -> Response:
         """The pods' own answer (it needs their key check), from a ready pod."""
         table = self.table
-        ready = [e for v in (table.versions if table else ()) for e in self.pods.of(v.name)]
+        ready = [e for v in (table.versions if table else ()) for e in self.pods.of(v.pod_label)]
         if not ready:
             return self._unavailable("no version of this service has a ready pod", 5)
         assert self._session is not None
@@ -328,7 +328,7 @@ class RouterApp:
             if long_route is not None:
                 pool, route = LONG_CONTEXT_POOL, long_route
                 answer_headers["X-Glm-Pool"] = LONG_CONTEXT_POOL
-        ready = self.pods.of(route.name, pool)
+        ready = self.pods.of(route.pod_label, pool)
         held_until = None
         if not ready:
             held_until = asyncio.get_running_loop().time() + route.wake_timeout_seconds
@@ -352,7 +352,7 @@ class RouterApp:
         self.waiting += 1
         gauge.set(self.waiting)
         try:
-            ready = await self.pods.wait_for(version.name, version.wake_timeout_seconds,
+            ready = await self.pods.wait_for(version.pod_label, version.wake_timeout_seconds,
                                              pool)
         finally:
             self.waiting -= 1
@@ -392,13 +392,13 @@ class RouterApp:
             except PodUnreachable as exc:
                 # Nothing was sent: another ready pod of the version takes it, once each.
                 log.warning("%s; trying another pod", exc)
-                others = tuple(e for e in self.pods.of(version.name, pool)
+                others = tuple(e for e in self.pods.of(version.pod_label, pool)
                                if e.address not in tried)
                 loop = asyncio.get_running_loop()
                 if not others and held_until is not None and loop.time() < held_until:
                     await asyncio.sleep(REFUSED_RETRY_SECONDS)
                     tried.clear()
-                    others = self.pods.of(version.name, pool)
+                    others = self.pods.of(version.pod_label, pool)
                 if not others:
                     return self._unavailable(f"no pod of version {version.name} could be "
                                              f"reached (last: {exc})", 1)

@@ -24,12 +24,17 @@ class TableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class VersionRoute:
-    name: str  # the pods' version label
+    name: str  # the ModelVersion (what x-glm-version names)
     weight: int  # percent of requests
     deployment: str  # its main pool's Deployment, scaled from zero when it sleeps
     min_replicas: int  # 0: the pool sleeps when idle, and a request wakes it
     wake_timeout_seconds: float  # how long a request waits for the pool to wake
     activity_lease: str | None  # renewed when a request wakes it
+    label: str = ""  # its pods' version label, where it is not the name (a name over 63)
+
+    @property
+    def pod_label(self) -> str:
+        return self.label or self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ class LongContextRoute:
         if deployment is None:
             return None
         return VersionRoute(version.name, version.weight, deployment, self.min_replicas,
-                            self.wake_timeout_seconds, self.activity_lease)
+                            self.wake_timeout_seconds, self.activity_lease, version.label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +101,15 @@ def _version(item: Any, index: int) -> VersionRoute:
         raise TableError(f"{where} must be an object")
     name = _field(item, "name", str, where)
     weight = _field(item, "weight", int, where)
-    if not name or len(name) > 63:
-        raise TableError(f"{where}.name must be 1 to 63 characters")
+    if not name or len(name) > 253:
+        raise TableError(f"{where}.name must be 1 to 253 characters")
+    label = item.get("podLabel", "")
+    if not isinstance(label, str) or len(label) > 63:
+        raise TableError(f"{where}.podLabel must be a label value (63 characters at most)")
     if not 0 <= weight <= 100:
         raise TableError(f"{where}.weight must be 0..100, got {weight}")
     return VersionRoute(name, weight, _field(item, "deployment", str, where),
-                        *_wake_fields(item, where))
+                        *_wake_fields(item, where), label)
 
 
 def _long_context(raw: Any) -> LongContextRoute | None:
