@@ -16,7 +16,8 @@ scrapes them at the IPs it reads. The test talks ext-proc to it as the router do
   allowed); a subset of no known pod is answered 503; a body without a model 400;
 - the real gateway bound at a pod's IP is scraped and picked;
 - control: the same pods with the EPP reading other metric names (its vLLM defaults) -- the
-  long queue is invisible and that pod is picked too.
+  long queue is invisible and that pod is picked too;
+- a pod whose metrics cannot be read is not dropped: it looks idle and draws every pick.
 """
 
 from __future__ import annotations
@@ -281,3 +282,24 @@ def test_control_a_picker_reading_other_metric_names_does_not_see_the_long_queue
             print(f"\n--- epp log ---\n{epp.log_tail()}")
             raise
 
+
+
+def test_a_pod_whose_metrics_cannot_be_read_looks_idle_and_draws_every_pick(
+        kubectl: Kubectl, namespace: str, wait_for: Wait, epp_binary: Path,
+        tmp_path: Path) -> None:
+    """v1.2.0 keeps a Ready pod a candidate whatever its scrapes do (staleness only gates
+    sheddable requests, saturationdetector.go:105): a pod never scraped reads queue 0 and KV
+    cache 0 and wins every pick. The router cannot count on the picker to avoid a pod whose
+    gateway does not answer; only the pod's readiness takes it out."""
+    ips = ready_pod_ips(kubectl, namespace, ["pod-a", "pod-silent"], wait_for)
+    epp = EndpointPicker(epp_binary, picker_kubeconfig(kubectl, namespace, tmp_path / "kc"),
+                         SERVICE, namespace, tmp_path)
+    with stand_ins({"pod-a": ips["pod-a"]}) as servers, epp.start():
+        servers["pod-a"].set(queued=1, kv_cache_usage=0.5)
+        try:
+            wait_known(epp, ips, wait_for)
+            settle(servers)
+            assert picks(epp, ips, count=12, tag="silent") == Counter({"pod-silent": 12})
+        except BaseException:
+            print(f"\n--- epp log ---\n{epp.log_tail()}")
+            raise
