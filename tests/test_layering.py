@@ -26,10 +26,12 @@ FORBIDDEN = {
 }
 
 # Who may talk to the API server: the controllers, the gateway's long-context pool (it wakes
-# the pool and renews its activity Lease with the pod's own token) and the fetch Job's status
-# reporter (with the command that runs it). Paths relative to the package.
-KUBE_CALLERS = ("controllers/", "gateway/pools/", "fetch/reporter.py", "fetch/cli.py",
-                "kube/")
+# the pool and renews its activity Lease with the pod's own token), the router (it follows
+# its route table and the service's pods, wakes pools and renews their Leases, with its own
+# token) and the fetch Job's status reporter (with the command that runs it). Paths relative
+# to the package.
+KUBE_CALLERS = ("controllers/", "gateway/pools/", "gateway/router/", "fetch/reporter.py",
+                "fetch/cli.py", "kube/")
 
 # The pure decisions: no operator framework, no API client, no threads, no sleeping.
 DECIDE_FORBIDS_MODULES = {"kopf", "kubernetes", "threading", "asyncio", "aiohttp"}

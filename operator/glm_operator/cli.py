@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 add_for(command_parser, args_list)
             else:
                 module.add_arguments(command_parser)
-            command_parser.set_defaults(_run=module.run)
+            if command_parser.get_default("_run") is None:  # add_for may choose its own
+                command_parser.set_defaults(_run=module.run)
     args = parser.parse_args(args_list)
     result: int = args._run(args)
     return result

@@ -258,6 +258,7 @@ class Scene:
                               picker_failure_mode=failure_mode,  # type: ignore[arg-type]
                               max_waiting=max_waiting, **limits)
         self.app = app = RouterApp(config)
+        app.start_picker()
         app._session = aiohttp.ClientSession()
         self.server = app.http_server()
         port = await self.server.start("127.0.0.1", 0)
@@ -486,3 +487,31 @@ async def test_a_sleeping_pool_that_cannot_be_woken_says_why(scene: Scene) -> No
     assert headers["Retry-After"] == "1"
     assert not scene.pods["a"].seen  # never sent to the main pool instead
     assert ("long-context", "v1") in app._wakers
+
+
+def test_gateway_router_runs_the_router_and_gateway_alone_the_gateway() -> None:
+    """`glm-operator gateway --router` parses the router's flags and runs the router; the
+    same subcommand without it is the pod's gateway."""
+    import argparse
+
+    from glm_operator.gateway import cli as gateway_cli
+
+    router = argparse.ArgumentParser()
+    gateway_cli.add_arguments_for(router, ["--router"])
+    args = router.parse_args(["--router", "--service-name", "s", "--routes-configmap", "r"])
+    assert args._run is gateway_cli.run_router and args.picker_failure_mode == "open"
+    gateway = argparse.ArgumentParser()
+    gateway_cli.add_arguments_for(gateway, [])
+    assert gateway.parse_args(["--service-name", "s"]).engine_url.startswith("http://")
+
+
+def test_the_top_level_command_keeps_the_router_as_the_runner() -> None:
+    from unittest import mock
+
+    from glm_operator import cli
+    from glm_operator.gateway import cli as gateway_cli
+
+    with mock.patch.object(gateway_cli, "run_router", return_value=7) as run:
+        assert cli.main(["gateway", "--router", "--service-name", "s",
+                         "--routes-configmap", "r"]) == 7
+    run.assert_called_once()

@@ -100,8 +100,8 @@ class RouterApp:
         self.table_error = ""
         self.pods = ReadyPods(config.pod_port)
         self.clients = PodClients(config.connect_timeout_seconds, config.read_timeout_seconds)
-        self.picker = (EndpointPicker(config.picker_address, config.picker_timeout_seconds)
-                       if config.picker_address else None)
+        self.picker: EndpointPicker | None = None  # made in start(): grpc.aio binds a
+        # channel to the loop running when it is made
         self.draining = False
         self.waiting = 0
         self._split: WeightedSplit | None = None
@@ -118,6 +118,7 @@ class RouterApp:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.start_picker()
         self._session = aiohttp.ClientSession()
         api = PodTokenApi(self.config.api_server, self.config.token_path,
                           self.config.ca_path, self._session)
@@ -133,6 +134,11 @@ class RouterApp:
         ]
         for watch in self._watches:
             watch.start()
+
+    def start_picker(self) -> None:
+        if self.config.picker_address and self.picker is None:
+            self.picker = EndpointPicker(self.config.picker_address,
+                                         self.config.picker_timeout_seconds)
 
     async def stop(self) -> None:
         for watch in self._watches:
