@@ -34,6 +34,9 @@ INITIAL_REPLICAS_ANNOTATION: Final = f"{PREFIX}/initial-replicas"
 # A hash of the whole applied intent: a field removed from the intent changes it, so the
 # object is applied again and the API server drops what the operator no longer sets.
 INTENT_HASH_ANNOTATION: Final = f"{PREFIX}/intent-hash"
+# On the endpoint picker's pod template: a hash of its config file, which it reads once, so
+# a changed config rolls the pod (render/routing.py).
+CONFIG_HASH_ANNOTATION: Final = f"{PREFIX}/config-hash"
 # User commands on a GLMService, naming the ModelVersion they act on.
 PROMOTE_ANNOTATION: Final = f"rollout.{PREFIX}/promote"
 ABORT_ANNOTATION: Final = f"rollout.{PREFIX}/abort"

@@ -38,12 +38,17 @@ NAMESPACED_RULES: list[Obj] = [
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"]},  # the router's
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["apps"], "resources": ["deployments/scale"],
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": [""], "resources": ["services", "serviceaccounts", "persistentvolumeclaims"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["configmaps"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    # handed to the endpoint picker's and the router's Roles only
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"],
      "verbs": ["list", "watch", "create", "patch", "delete"]},
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"],
@@ -55,7 +60,7 @@ NAMESPACED_RULES: list[Obj] = [
     {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"],
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-     "verbs": ["get", "create", "patch", "delete"]},
+     "verbs": ["get", "create", "update", "patch", "delete"]},
     {"apiGroups": ["leaderworkerset.x-k8s.io"], "resources": ["leaderworkersets"],
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["networking.istio.io"], "resources": ["virtualservices", "destinationrules"],
@@ -309,13 +314,22 @@ def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> No
         model_version_status_rules,
         scale_rules,
     )
+    from glm_operator.render.routing import (
+        LongContextRoute,
+        RouteEntry,
+        epp_rules,
+        router_rules,
+    )
 
     roles = _rendered_roles()
     granted = [rule for role in roles for rule in role["rules"]]
     granted += (scale_rules("any") + model_version_status_rules(GROUP, "any")
-                + activity_lease_rules("any"))
+                + activity_lease_rules("any") + epp_rules()
+                + router_rules([RouteEntry("v", 100, "any", 0, 300.0, "any", "any-lc")],
+                               "any", LongContextRoute("http://x", 1, 0, 300.0, "any")))
     assert {r for rule in granted for r in rule["resources"]} == {
-        "modelversions", "modelversions/status", "deployments/scale", "leases"
+        "modelversions", "modelversions/status", "deployments/scale", "leases", "pods",
+        "configmaps", "deployments",
     }, "a new Role: pin it"
     for group, resource, verb, name in permissions(granted):
         assert allows(NAMESPACED_RULES, group, resource, verb, name), (group, resource, verb)

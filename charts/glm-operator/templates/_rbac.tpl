@@ -31,16 +31,32 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
 - apiGroups: [apps]
   resources: [deployments, statefulsets]
   verbs: [list, watch, create, patch, delete]
+# Handed to the router's Role (spec.routing EndpointPicker: it reads the versions'
+# Deployments it wakes).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [list, watch, create, patch, delete]
-# Handed to the gateway's Role (it wakes its long-context pool).
+# Handed to the gateway's Role (it wakes its long-context pool) and the router's (it wakes
+# a version scaled to zero).
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [get, patch, update]
 - apiGroups: [""]
   resources: [services, serviceaccounts, persistentvolumeclaims]
   verbs: [list, watch, create, patch, delete]
+# The route table and the endpoint picker's config of spec.routing EndpointPicker: children
+# like the others; get, list and watch of its own route table are handed to the router.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+# Handed to the endpoint picker's and the router's Roles: both watch the engine pods. The
+# operator itself never reads a pod.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [list, watch, create, patch, delete]
@@ -59,11 +75,12 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
   verbs: [get, create, patch, delete]
-# The long-context pool's activity Lease: applied, read when its idle deadline passes,
-# never watched; patch is handed to the gateways' Roles (they renew it).
+# The activity Leases (the long-context pool's, a scaled-from-zero main pool's): applied,
+# read when an idle deadline passes, never watched; patch is handed to the gateways' Roles
+# (they renew it), update and patch to the router's.
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, create, patch, delete]
+  verbs: [get, create, update, patch, delete]
 # Multi-node groups as LeaderWorkerSets (when LeaderWorkerSet is installed).
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]

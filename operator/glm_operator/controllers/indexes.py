@@ -31,6 +31,9 @@ SERVICE_CRD_CHILDREN = (
     ("", "v1", "serviceaccounts"),
     ("rbac.authorization.k8s.io", "v1", "roles"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    # spec.routing EndpointPicker: the route table and the endpoint picker's config. Watched
+    # (by the managed-by label, as every child) so switching back to mode Service prunes them.
+    ("", "v1", "configmaps"),
 )
 # Every kind render_model_version makes: one not indexed here would look missing at every
 # reconcile, and be applied again each time.

@@ -5,7 +5,7 @@ the operator's own writes the watch has not shown yet (own_writes.py), parsed on
 the Secrets it names exist, from the Secret names (secrets.py). From the
 API server it reads only what cannot be watched safely: which optional CRDs are served
 (cached for capabilityRecheckSeconds), the ScaledObjects once per service after a start,
-LeaderWorkerSets of multi-node services, the activity Lease when an idle deadline passed,
+LeaderWorkerSets of multi-node services, an activity Lease when its idle deadline passed,
 and the optional children when their intent changed or at a resync (apply.py).
 Decide: decide/service.py (pure). Apply: apply.py, then the scales to zero of an idle
 long-context pool. Status: a merge patch of what changed, guarded by the resourceVersion
@@ -36,14 +36,18 @@ from glm_operator.decide.drift import merge_patch
 from glm_operator.decide.long_context import ActivityReading
 from glm_operator.decide.observed import ObservedChildren
 from glm_operator.decide.references import secret_references
-from glm_operator.decide.service import decide_service, long_context_reading_due
+from glm_operator.decide.service import (
+    decide_service,
+    long_context_reading_due,
+    main_pool_reading_due,
+)
 from glm_operator.kube.client import KubeClient, KubeError
 from glm_operator.render.long_context import activity_lease_name
 from glm_operator.render.names import MANAGED_BY, label_value
 from glm_operator.wellknown import GROUP, MANAGED_BY_LABEL, SERVICE_LABEL, VERSION
 
-# Writes replicas of an idle long-context pool (scale subresource), apart from the applied
-# intent, which never holds that pool's replicas.
+# Writes replicas of an idle pool (scale subresource: the long-context pool, or a main pool
+# that scales from zero), apart from the applied intent, which never holds their replicas.
 IDLE_FIELD_MANAGER = "glm-operator-idle"
 # LeaderWorkerSets are not watched (an optional CRD, see apply.py): while a service's groups
 # are not all ready, its reconcile comes back this often to read them.
@@ -101,8 +105,11 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
     groups = (_live_leader_worker_sets(rt.kube, namespace, name)
               if capabilities.leader_worker_set and _multi_node(body) else [])
     observed = ObservedChildren([*live, *groups])
-    activity = (_read_activity(rt.kube, namespace, name)
+    activity = (_read_activity(rt.kube, namespace, activity_lease_name(name))
                 if long_context_reading_due(service, observed, now) else None)
+    main_lease = main_pool_reading_due(service, observed, now)
+    main_activity = (_read_activity(rt.kube, namespace, main_lease)
+                     if main_lease is not None else None)
     secrets = rt.secrets.observed(namespace, (r.name for r in secret_references(service)))
     decision = decide_service(
         service, model_versions_of(body, indexes["modelversions"], namespace), observed,
@@ -110,7 +117,8 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
         analysis=canary_analysis(rt.config, service, now), long_context_activity=activity,
         secrets=secrets,
         namespace_model_versions=lambda: namespace_model_versions(indexes["modelversions"],
-                                                                  namespace))
+                                                                  namespace),
+        main_pool_activity=main_activity)
     corrected: list[str] = []
     sync_children(rt.kube, body["metadata"]["uid"], decision.desired, live, rt.optional,
                   decision.retained, corrected)
@@ -119,7 +127,7 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
                       resource_version, IDLE_FIELD_MANAGER)
         rt.own_writes.scaled(namespace, deployment, resource_version)
         metrics.CHILD_WRITES.labels(kind="Deployment", action="scale-to-zero").inc()
-        log.info("long-context pool %s/%s idle: scaled to zero", namespace, deployment)
+        log.info("pool %s/%s idle: scaled to zero", namespace, deployment)
     new_status = decision.status.model_dump(by_alias=True, mode="json", exclude_none=True)
     old_status = service.status.model_dump(by_alias=True, mode="json", exclude_none=True)
     if new_status != old_status:
@@ -166,8 +174,8 @@ def _groups_settling(live: list[Obj], desired: list[Obj]) -> bool:
     return False
 
 
-def _read_activity(kube: KubeClient, namespace: str, service: str) -> ActivityReading:
-    lease = kube.get("coordination.k8s.io/v1", "Lease", namespace, activity_lease_name(service))
+def _read_activity(kube: KubeClient, namespace: str, lease_name: str) -> ActivityReading:
+    lease = kube.get("coordination.k8s.io/v1", "Lease", namespace, lease_name)
     renewed = ((lease or {}).get("spec") or {}).get("renewTime")
     return ActivityReading(datetime.fromisoformat(renewed) if renewed else None)
 

@@ -97,6 +97,9 @@ class ConditionInputs:
     wanted_replicas: int
     stable_missing: bool  # the serving version's ModelVersion is gone (its pods retained)
     references: References  # do the Secrets the spec names exist
+    router: bool = False  # spec.routing.mode EndpointPicker: the router splits the versions
+    # Scale from zero: the serving version's main pool sleeps (or is put to sleep now).
+    main_pool_asleep: bool = False
 
 
 def service_conditions(previous: Sequence[Condition], generation: int | None, now: datetime,
@@ -224,6 +227,11 @@ def _scaler_condition(conditions: Conditions, autoscaled: tuple[Render, Rendered
 def _traffic_condition(conditions: Conditions, facts: ConditionInputs) -> None:
     decision, stable = facts.decision, facts.versions.stable_name
     wanted = facts.versions.wanted.name
+    if facts.router:
+        conditions.set(C.TRAFFIC_SPLIT, True, "Router",
+                       "weights are exact: the router splits requests between versions by "
+                       "its route table; the header x-glm-version: <modelversion> pins one")
+        return
     if facts.istio:
         conditions.set(C.TRAFFIC_SPLIT, True, "Istio",
                        "weights are exact: an Istio VirtualService routes by version; the "
@@ -303,6 +311,13 @@ def _serving_conditions(conditions: Conditions, facts: ConditionInputs) -> None:
             conditions.set(C.DEGRADED, degraded,
                            "ReplicasUnavailable" if degraded else "AsPlanned",
                            f"{ready} of {wanted_replicas} pods ready")
+    elif facts.main_pool_asleep and stable_after is not None and not in_flight:
+        routing = facts.versions.service.spec.routing
+        conditions.set(C.READY, True, "ScaledToZero",
+                       f"{stable_after} is scaled to zero after {routing.idle_seconds} s "
+                       "without a request: the router wakes it on the next one, which waits "
+                       "while the model loads")
+        conditions.set(C.DEGRADED, False, "ScaledToZero", "no pod runs, as planned")
     else:
         why = (facts.versions.wanted.problem or facts.references.problem
                or ("PodsNotReady", f"0/{wanted_replicas} pods ready"))

@@ -15,7 +15,7 @@ write the conditions (decide/conditions.py) from what was decided and rendered.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +32,7 @@ from glm_operator.api import (
 )
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
+from glm_operator.decide import main_pool
 from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
 from glm_operator.decide.long_context import ActivityReading, decide_idle, needs_reading
@@ -48,9 +49,11 @@ from glm_operator.decide.versions import (
 )
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.autoscaling import TargetsChoice, choose_targets
+from glm_operator.render.deployment import deployment_name
 from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, startup_seconds
+from glm_operator.render.routing import RouteEntry, build_routing
 from glm_operator.render.service import (
     Capabilities,
     RenderedService,
@@ -88,7 +91,8 @@ class ServiceDecision:
     # Live children to leave as they are: a serving version that cannot be rendered.
     retained: frozenset[Ref] = frozenset()
     requeue_after: float | None = None  # seconds until the rollout or idle check looks again
-    # Long-context Deployments to scale to zero now, idle: (name, resourceVersion decided on).
+    # Deployments to scale to zero now, idle (a long-context pool, or the main pool of a
+    # service that scales from zero): (name, resourceVersion decided on).
     scale_to_zero: tuple[tuple[str, str], ...] = ()
 
 
@@ -108,6 +112,13 @@ class _Rendered:
     desired: list[Obj]
     retained: set[Ref]
     versions: list[tuple[Render, RenderedService]]
+
+
+def main_pool_reading_due(service: GLMService, observed: ObservedChildren,
+                          now: datetime) -> str | None:
+    """The main pool's activity Lease to read before deciding (scale from zero: its idle
+    deadline passed), or None."""
+    return main_pool.reading_due(service, observed, now)
 
 
 def long_context_reading_due(service: GLMService, observed: ObservedChildren,
@@ -133,6 +144,7 @@ def decide_service(
     long_context_activity: ActivityReading | None = None,
     secrets: SecretsObserved = UNOBSERVED,
     namespace_model_versions: Callable[[], Mapping[str, Obj]] | None = None,
+    main_pool_activity: ActivityReading | None = None,
 ) -> ServiceDecision:
     """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
     rollout, choose what runs, render it, promote, and report."""
@@ -149,17 +161,26 @@ def decide_service(
     serving = what_runs(rollout.decision, versions)
     rendered = _render_versions(serving, observed, config, capabilities)
     desired = rendered.desired
+    if service.spec.endpoint_picker:
+        desired += _routing_objects(service, serving.routes, rendered)
 
     wanted_replicas = _wanted_replicas(service)
     stable_after, promoted = _promotion(rollout.decision, serving.stable, versions, observed,
                                         wanted_replicas)
     events += promoted
-    if capabilities.istio:
+    # With the router in front, the router splits the versions by these same weights: a
+    # VirtualService on the client Service would route to version subsets of router pods.
+    istio = capabilities.istio and not service.spec.endpoint_picker
+    if istio:
         desired += _traffic_objects(service, serving.routes, versions.planned, config)
 
     long_context, scale_to_zero, idle_requeue, idle_events = _long_context_pool(
         service, observed, config, long_context_activity, now)
     events += idle_events
+    main_idle = main_pool.decide(service, observed, _sleepable_version(serving),
+                                 main_pool_activity, now)
+    events += main_idle.events
+    scale_to_zero += main_idle.scale_to_zero
 
     conditions = service_conditions(previous.conditions, service.metadata.generation, now,
                                     ConditionInputs(
@@ -168,10 +189,12 @@ def decide_service(
         wanted_targets=_wanted_targets(service, wanted, rendered),
         autoscaled=next(((r, out) for r, out in rendered.versions if out.scaler is not None),
                         None),
-        istio=capabilities.istio, prometheus_url=config.prometheus.url,
+        istio=istio, prometheus_url=config.prometheus.url,
         stable_after=stable_after, wanted_replicas=wanted_replicas,
         stable_missing=bool(rendered.retained),
-        references=resolve_references(service, secrets)))
+        references=resolve_references(service, secrets),
+        router=service.spec.endpoint_picker,
+        main_pool_asleep=main_pool.asleep(main_idle, observed)))
     events += _warnings_raised(previous.conditions, conditions)
 
     if stable_after == wanted.name:
@@ -205,9 +228,10 @@ def decide_service(
         canary_ready_replicas=canary_ready,
         rollout_history=rollout.history[:HISTORY_LIMIT] or None,
         long_context=long_context,
+        main_pool=main_idle.status,
     )
     requeues = [t for t in (rollout.decision.requeue_after if rollout.decision else None,
-                            idle_requeue) if t is not None]
+                            idle_requeue, main_idle.requeue_after) if t is not None]
     return ServiceDecision(desired=desired, status=status, events=events,
                            retained=frozenset(rendered.retained),
                            requeue_after=min(requeues) if requeues else None,
@@ -317,7 +341,8 @@ def _render_versions(serving: Serving, observed: ObservedChildren, config: Opera
                                plan=version.plan, long_context_plan=version.long_context_plan,
                                config=config, capabilities=capabilities,
                                main_replicas=item.replicas, with_autoscaler=item.autoscaler,
-                               live_groups=observed.live_groups(version.name))
+                               live_groups=observed.live_groups(version.name),
+                               with_routing=False)
         rendered = rendered_service(inputs)
         out.versions.append((item, rendered))
         for obj in rendered.objects:
@@ -326,6 +351,43 @@ def _render_versions(serving: Serving, observed: ObservedChildren, config: Opera
                 seen.add(key)
                 out.desired.append(obj)
     return out
+
+
+def _sleepable_version(serving: Serving) -> str | None:
+    """The version whose main pool may sleep: the one running alone with its autoscaler (no
+    rollout in flight; decide/main_pool.py says why)."""
+    if len(serving.renders) != 1:
+        return None
+    only = serving.renders[0]
+    if only.replicas is not None or not only.autoscaler or not only.version.servable:
+        return None
+    return only.version.name
+
+
+def _routing_objects(service: GLMService, routes: list[VersionRoute],
+                     rendered: _Rendered) -> list[Obj]:
+    """The router's objects, once for the service: its route table holds every routed
+    version at the rollout's weight (the VirtualService's numbers). Each rendered version
+    gave its own entry; a routed version that could not be rendered (its ModelVersion gone,
+    its pods retained) keeps its Deployment's name and the defaults."""
+    inputs = [out.routing for _, out in rendered.versions if out.routing is not None]
+    if not inputs:
+        return []
+    own = {entry.model_version: entry for item in inputs for entry in item.routes}
+    name = service.metadata.name or ""
+    entries = []
+    for route in routes:
+        entry = own.get(route.model_version)
+        if entry is None:
+            entry = RouteEntry(route.model_version, route.weight,
+                               deployment_name(name, route.model_version, MAIN_POOL), 1,
+                               300.0, None)
+        entries.append(replace(entry, weight=route.weight))
+    # The current spec's settings (router replicas, failure mode) when it was rendered.
+    base = next((out.routing for item, out in rendered.versions
+                 if out.routing is not None and item.service is service), inputs[0])
+    return build_routing(replace(base, service=service, routes=tuple(entries),
+                                 owner=owner_reference(service)))
 
 
 def _wanted_targets(service: GLMService, wanted: VersionPlan,

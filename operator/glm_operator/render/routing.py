@@ -51,7 +51,7 @@ from glm_operator.render.pod import (
 )
 from glm_operator.render.quantity import memory_quantity
 from glm_operator.render.rbac import build_role, build_role_binding, build_service_account
-from glm_operator.wellknown import MAIN_POOL
+from glm_operator.wellknown import CONFIG_HASH_ANNOTATION, MAIN_POOL
 
 EPP_COMPONENT = "endpoint-picker"
 ROUTER_COMPONENT = "router"
@@ -73,7 +73,6 @@ PICKER_TIMEOUT_SECONDS = 0.1
 # A picker pod that stops ends its in-flight picks at once: a router retries elsewhere.
 EPP_GRACE_SECONDS = 30
 ROUTER_TMP_SIZE = 64 * 1024 * 1024
-CONFIG_HASH_ANNOTATION = "glm-operator.dev/config-hash"
 
 FAILURE_MODES = {FailureMode.FAIL_OPEN: "open", FailureMode.FAIL_CLOSE: "closed"}
 
