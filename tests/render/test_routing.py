@@ -294,3 +294,20 @@ def test_auto_scaler_takes_the_hpa_for_scale_from_zero_even_with_keda() -> None:
     objects = render_service(inputs(svc, model_version("gguf"), config=config,
                                     capabilities=Capabilities(keda=True)))
     assert "ScaledObject" in {o["kind"] for o in objects}
+
+
+def _empty_maps(node: Any, path: str = "") -> list[str]:
+    if isinstance(node, dict):
+        here = [path] if not node and path else []
+        return here + [p for k, v in node.items() for p in _empty_maps(v, f"{path}.{k}")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in _empty_maps(v, f"{path}[{i}]")]
+    return []
+
+
+def test_no_routing_object_holds_an_empty_map() -> None:
+    # The API server does not store an empty map: the live object would never hold it, and
+    # the operator would apply the object again at every reconcile (decide/drift.py).
+    for obj in picker_service():
+        if (obj["kind"], obj["metadata"]["name"]) in ROUTING_OBJECTS:
+            assert _empty_maps(obj) == [], obj["metadata"]["name"]
