@@ -31,7 +31,8 @@ ROUTING_OBJECTS = {("ConfigMap", "chat-routes"), ("ConfigMap", "chat-epp"),
                    ("ServiceAccount", "chat-epp"), ("Role", "chat-epp"),
                    ("RoleBinding", "chat-epp"), ("Deployment", "chat-router"),
                    ("ServiceAccount", "chat-router"), ("Role", "chat-router"),
-                   ("RoleBinding", "chat-router"), ("Service", "chat-engines")}
+                   ("RoleBinding", "chat-router"), ("PodDisruptionBudget", "chat-router"),
+                   ("Service", "chat-engines")}
 
 
 def rendered(capabilities: Capabilities | None = None, **spec: Any) -> list[dict[str, Any]]:
@@ -311,3 +312,17 @@ def test_no_routing_object_holds_an_empty_map() -> None:
     for obj in picker_service():
         if (obj["kind"], obj["metadata"]["name"]) in ROUTING_OBJECTS:
             assert _empty_maps(obj) == [], obj["metadata"]["name"]
+
+
+def test_a_drain_takes_one_router_at_a_time() -> None:
+    objects = picker_service()  # routerReplicas 3
+    pdb = find(objects, "PodDisruptionBudget", "chat-router")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == {"matchLabels": find(
+        objects, "Deployment", "chat-router")["spec"]["selector"]["matchLabels"]}
+    # The engine pool's budget does not count the routers (nor they its pods).
+    engines = [o for o in objects if o["kind"] == "PodDisruptionBudget"
+               and o["metadata"]["name"] != "chat-router"]
+    for other in engines:
+        expressions = other["spec"]["selector"].get("matchExpressions", [])
+        assert all("router" not in e.get("values", []) for e in expressions)

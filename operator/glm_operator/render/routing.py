@@ -5,7 +5,8 @@ endpoint picker (EPP) and the route table between them (pure).
                   ServiceAccount, Role, RoleBinding: the Gateway API Inference Extension's
                   endpoint picker in standalone mode, selecting the main pool's engine pods
                   by label and scraping their gateways' /metrics.
-    <svc>-router  Deployment (routerReplicas), ServiceAccount, Role, RoleBinding:
+    <svc>-router  Deployment (routerReplicas), ServiceAccount, Role, RoleBinding,
+                  PodDisruptionBudget:
                   `glm-operator gateway --router`, which the client-facing Service `<svc>`
                   selects instead of the engine pods; it splits traffic between versions by
                   the rollout's weights, asks the picker which pod of the chosen version
@@ -33,6 +34,7 @@ import yaml
 from glm_operator.api.glmservice import FailureMode, GLMService
 from glm_operator.config import ContainerResources, OperatorConfig
 from glm_operator.gateway import flags as gateway_flags
+from glm_operator.render.disruption import budget
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.names import (
@@ -453,7 +455,26 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
         build_role(router, namespace, labels, owner,
                    router_rules(routes, routes_configmap_name(name), long_context)),
         build_role_binding(router, namespace, labels, owner, router, router),
+        _router_budget(router, namespace, labels, selector, owner,
+                       service.spec.routing.router_replicas),
     ]
+
+
+def _router_budget(name: str, namespace: str, labels: dict[str, str],
+                   selector: dict[str, str], owner: dict[str, Any] | None,
+                   replicas: int) -> dict[str, Any]:
+    """Every request of the service passes a router: a drain takes one at a time, as the
+    engine pools' budgets do (render/disruption.py; one router: it must not be evicted
+    before its replacement runs)."""
+    spec = budget(replicas)
+    assert spec is not None  # routerReplicas >= 1
+    return render_object(
+        "poddisruptionbudget.yaml.j2",
+        metadata=object_meta(name, namespace, labels, owner),
+        selector={"matchLabels": dict(selector)},
+        min_available=spec.min_available,
+        max_unavailable=spec.max_unavailable,
+    )
 
 
 def build_client_service(service: str, namespace: str, owner: dict[str, Any] | None,
