@@ -1,0 +1,496 @@
+"""What LLM-aware routing buys, measured side by side in one run.
+
+    GLM_E2E_PORT_OFFSET=500 python -m bench.routing [--replicas 3] [--rounds 2]
+                                                    [--plot docs/routing-ttft.png]
+                                                    [--json out.json]
+
+N real llama-servers (CPU, one thread each, a random-weight model whose prefill of a shared
+1,500-character system prompt takes about 0.4 s while a cached one answers in about 30 ms),
+each behind its real gateway at its kwok pod's own IP; the real endpoint picker (EPP v1.2.0)
+reading those pods from the local API server and scraping the gateways; the real router
+(`glm-operator gateway --router`) with a ServiceAccount token, its route table from a
+ConfigMap.
+
+Workload (the inference-perf "shared prefix" shape): groups of users sharing a system prompt,
+each user a multi-turn conversation (the next turn carries the previous ones), one hot group
+with 80 % of the users. There are more distinct system prompts than one replica's prompt
+cache holds (2 slots plus `--cache-ram`, about 4 prompts of this size) but fewer than all
+replicas hold together: the regime where placement decides hits. Each arm gets fresh prompts
+of the same shape (no arm inherits another's cache), and the arms alternate round by round:
+
+- `round_robin`: each request to the next pod's gateway in turn (what a Service does);
+- `epp`: through the router, which asks the EPP;
+- `direct`: every request to one engine's gateway (one replica).
+
+Reported per arm: TTFT p50/p90 (streaming, to the first byte of the answer), output tokens/s,
+the engines' prompt-cache hit ratio (`llamacpp:prompt_tokens_cached_total` over cached plus
+processed, deltas over the arm), and how evenly load spread (each pod's time-averaged
+requests in flight, the largest over the mean). Then the router's added latency: tiny
+requests one at a time, straight to a pod's gateway and through the router, alternating.
+Targets: hit ratio >= 0.8 (round robin about 1/N), TTFT p50 at least 3x lower than round
+robin, throughput not lower, no pod's load above 2x the mean, the router adding at most
+1 ms p50. The figures go to docs/performance.md; `--plot` writes the TTFT distributions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import statistics
+import string
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from e2e import cluster, toolchain
+from e2e.epp import CONFIG as EPP_CONFIG
+from e2e.epp import EndpointPicker
+from e2e.kubectl import Kubectl
+from e2e.llama import llama_server_binary
+from e2e.models import TinyLlamaSpec, write_tiny_llama
+from e2e.pod_serving import LOOPBACK_PLACEMENT, loopback_pod_ip
+from e2e.routing_rig import EngineAtPodIP, RouterProcess, router_rbac, service_account_access
+
+SERVICE = "bench"
+NAMESPACE = "bench-routing"
+VERSION = "v1"
+ROUTER_ACCOUNT = "bench-router"
+SLOTS = 2
+CTX_PER_SLOT = 4096
+CACHE_RAM_MIB = 8  # about two prompts of this model's size beside the two slots
+PREFIX_CHARS = 1500  # one token per character on the byte vocabulary: ~1,900 with the template
+MODEL = TinyLlamaSpec(n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=768, dtype="f16",
+                      n_ctx_train=32768, name="bench-routing")
+
+
+@dataclass
+class Shape:
+    groups: int = 9  # distinct system prompts: > one replica's ~4, < three replicas' ~12
+    cold_users: int = 1  # per cold group
+    hot_users: int = 32  # the hot group: 32 of 40 users, 80 %
+    turns: int = 3
+    max_tokens: int = 8
+    clients: int = 3  # at once, below the replicas' slots
+
+
+# Equal groups: where placement decides prompt-cache hits (the hit ratio, TTFT, throughput).
+SPREAD = Shape(groups=9, cold_users=4, hot_users=4, turns=2)
+# One group with 80 % of the users: whether the picker still spreads the load.
+HOT = Shape(groups=9, cold_users=1, hot_users=32)
+
+
+@dataclass
+class Result:
+    ttft: float
+    total: float
+    tokens: int
+    ok: bool
+
+
+@dataclass
+class ArmFigures:
+    arm: str
+    requests: int = 0
+    failed: int = 0
+    ttft_p50_ms: float = 0.0
+    ttft_p90_ms: float = 0.0
+    tokens_per_second: float = 0.0
+    hit_ratio: float = 0.0
+    load_max_over_mean: float = 0.0
+    seconds: float = 0.0
+    hot_ttft_p50_ms: float = 0.0
+    hot_hit_ratio: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+
+
+def conversations(shape: Shape, seed: int) -> list[list[str]]:
+    """Each user's system prompt, as a list of user turns (the prompt is rebuilt per turn)."""
+    rng = random.Random(seed)
+    letters = string.ascii_lowercase + " "
+    prefixes = ["".join(rng.choice(letters) for _ in range(PREFIX_CHARS))
+                for _ in range(shape.groups)]
+    users: list[list[str]] = []
+    for group, prefix in enumerate(prefixes):
+        count = shape.hot_users if group == 0 else shape.cold_users
+        for user in range(count):
+            turns = [f"user {group}-{user} turn {t}: " + "".join(
+                rng.choice(letters) for _ in range(40)) for t in range(shape.turns)]
+            users.append([prefix, *turns])
+    rng.shuffle(users)
+    return users
+
+
+def quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[dict[str, str]],
+                      max_tokens: int) -> tuple[Result, str]:
+    started = time.perf_counter()
+    first = None
+    text = ""
+    body = {"model": SERVICE, "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as answer:
+            if answer.status != 200:
+                await answer.read()
+                return Result(0, time.perf_counter() - started, 0, False), ""
+            tokens = 0
+            async for line in answer.content:
+                if first is None:
+                    first = time.perf_counter() - started
+                if line.startswith(b"data: {"):
+                    event = json.loads(line[6:])
+                    for choice in event.get("choices", []):
+                        piece = (choice.get("delta") or {}).get("content")
+                        if piece:
+                            tokens += 1
+                            text += piece
+    except aiohttp.ClientError:
+        return Result(0, time.perf_counter() - started, 0, False), ""
+    return Result(first or 0.0, time.perf_counter() - started, tokens, True), text
+
+
+async def run_arm(arm: str, urls: Callable[[int], str], shape: Shape, seed: int
+                  ) -> list[Result]:
+    """Every user's turns in order, `clients` users served at once."""
+    users = conversations(shape, seed)
+    results: list[Result] = []
+    counter = iter(range(10**9))
+    queue: asyncio.Queue[list[str]] = asyncio.Queue()
+    for user in users:
+        queue.put_nowait(user)
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            prefix, *turns = queue.get_nowait()
+            messages = [{"role": "system", "content": prefix}]
+            for turn in turns:
+                messages.append({"role": "user", "content": turn})
+                result, reply = await stream_chat(session, urls(next(counter)), messages,
+                                                  shape.max_tokens)
+                results.append(result)
+                messages.append({"role": "assistant", "content": reply})
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await asyncio.gather(*(client(session) for _ in range(shape.clients)))
+    return results
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name.split("{")[0]] = values.get(name.split("{")[0], 0.0) + float(value)
+    return values
+
+
+class LoadSampler:
+    """Each pod's requests in flight (its gateway's gauge), sampled every 100 ms."""
+
+    def __init__(self, pods: list[EngineAtPodIP]) -> None:
+        self.pods = pods
+        self.sums = [0.0] * len(pods)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                values = [scrape(p.url + "/metrics").get("glm_gateway_requests_in_flight", 0.0)
+                          for p in self.pods]
+            except OSError:
+                values = []
+            if values:
+                self.sums = [a + b for a, b in zip(self.sums, values, strict=True)]
+                self.samples += 1
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def max_over_mean(self) -> float:
+        mean = statistics.fmean(self.sums) if self.sums else 0.0
+        return max(self.sums) / mean if mean else 0.0
+
+
+def engine_cache(pods: list[EngineAtPodIP]) -> tuple[float, float]:
+    cached = processed = 0.0
+    for pod in pods:
+        values = scrape(pod.engine.url + "/metrics")
+        cached += values.get("llamacpp:prompt_tokens_cached_total", 0.0)
+        processed += values.get("llamacpp:prompt_tokens_total", 0.0)
+    return cached, processed
+
+
+def figures(arm: str, results: list[Result], seconds: float, cache_delta: tuple[float, float],
+            load: float) -> ArmFigures:
+    good = [r for r in results if r.ok]
+    cached, processed = cache_delta
+    ttfts = [r.ttft for r in good]
+    return ArmFigures(
+        arm=arm, requests=len(results), failed=len(results) - len(good),
+        ttft_p50_ms=round(quantile(ttfts, 0.5) * 1000, 1),
+        ttft_p90_ms=round(quantile(ttfts, 0.9) * 1000, 1),
+        tokens_per_second=round(sum(r.tokens for r in good) / seconds, 2),
+        hit_ratio=round(cached / (cached + processed), 3) if cached + processed else 0.0,
+        load_max_over_mean=round(load, 2), seconds=round(seconds, 1), ttfts=ttfts)
+
+
+async def added_latency(router_url: str, pod_url: str, count: int) -> tuple[float, float]:
+    """p50 of a tiny whole request straight to a pod's gateway and through the router."""
+    body = {"model": SERVICE, "messages": [{"role": "user", "content": "ping"}],
+            "max_tokens": 1}
+    times: dict[str, list[float]] = {"direct": [], "router": []}
+    async with aiohttp.ClientSession() as session:
+        for index in range(count * 2 + 20):
+            which = "direct" if index % 2 else "router"
+            url = pod_url if which == "direct" else router_url
+            started = time.perf_counter()
+            async with session.post(url + "/v1/chat/completions", json=body) as answer:
+                await answer.read()
+                assert answer.status == 200, answer.status
+            if index >= 20:  # warm-up: connections, the engine's cached prompt
+                times[which].append(time.perf_counter() - started)
+    return statistics.median(times["direct"]), statistics.median(times["router"])
+
+
+def plot(arms: list[ArmFigures], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for arm in arms:
+        values = sorted(v * 1000 for v in arm.ttfts)
+        if values:
+            axis.plot(values, [i / len(values) for i in range(1, len(values) + 1)],
+                      label=f"{arm.arm} (p50 {arm.ttft_p50_ms:.0f} ms)")
+    axis.set_xscale("log")
+    axis.set_xlabel("time to first token, ms (log)")
+    axis.set_ylabel("share of requests")
+    axis.set_title("TTFT by routing, shared-prefix multi-turn load")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def create_pods(kubectl: Kubectl, count: int) -> list[dict[str, Any]]:
+    pods = []
+    for index in range(count):
+        pods.append({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{SERVICE}-{index}", "labels": {
+                "glm-operator.dev/service": SERVICE, "glm-operator.dev/pool": "main",
+                "glm-operator.dev/version": VERSION}},
+            "spec": {**LOOPBACK_PLACEMENT,
+                     "containers": [{"name": "engine", "image": "bench/none"}]},
+        })
+    kubectl.apply(pods, namespace=NAMESPACE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = kubectl.get_json("pods", "-n", NAMESPACE, "-l",
+                                  f"glm-operator.dev/service={SERVICE}")["items"]
+        if len(listed) == count and all((p.get("status") or {}).get("podIP") for p in listed):
+            return sorted(listed, key=lambda p: p["metadata"]["name"])
+        time.sleep(0.3)
+    raise RuntimeError("the bench pods got no IPs within 60 s")
+
+
+def routes_configmap(replicas: int) -> dict[str, Any]:
+    table = {"versions": [{"name": VERSION, "weight": 100, "deployment": f"{SERVICE}-main",
+                           "minReplicas": replicas, "wakeTimeoutSeconds": 60,
+                           "activityLease": None}],
+             "mainContextTokens": CTX_PER_SLOT, "longContext": None}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{SERVICE}-routes"},
+            "data": {"routes.json": json.dumps(table)}}
+
+
+def measure(arms: dict[str, Callable[[int], str]], pods: list[EngineAtPodIP], shape: Shape,
+            rounds: int, name: str) -> list[ArmFigures]:
+    """Each arm `rounds` times, alternating (the first arm moves back one place a round)."""
+    collected: dict[str, list[tuple[list[Result], float, tuple[float, float], float]]] = {
+        arm: [] for arm in arms}
+    order = list(arms)
+    for round_index in range(rounds):
+        for arm in order:
+            before = engine_cache(pods)
+            started = time.perf_counter()
+            with LoadSampler(pods) as sampler:
+                results = asyncio.run(run_arm(arm, arms[arm], shape,
+                                              seed=zlib.crc32(f"{name}{round_index}{arm}".encode())))
+            seconds = time.perf_counter() - started
+            after = engine_cache(pods)
+            collected[arm].append((results, seconds, (after[0] - before[0],
+                                                      after[1] - before[1]),
+                                   sampler.max_over_mean()))
+            print(f"{name} round {round_index + 1} {arm}: {len(results)} requests in "
+                  f"{seconds:.1f} s", file=sys.stderr)
+        order = order[1:] + order[:1]
+    report = []
+    for arm, runs in collected.items():
+        results = [r for run in runs for r in run[0]]
+        seconds = sum(run[1] for run in runs)
+        cache = (sum(run[2][0] for run in runs), sum(run[2][1] for run in runs))
+        # the direct arm's one pod carries everything: its spread says nothing
+        load = max(run[3] for run in runs) if arm != "direct" else 0.0
+        report.append(figures(arm, results, seconds, cache, load))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--latency-requests", type=int, default=200)
+    parser.add_argument("--plot", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--arms", default="round_robin,epp,direct",
+                        help="which arms, comma-separated (round_robin, epp, direct)")
+    parser.add_argument("--no-hot", action="store_true", help="skip the hot-group phase")
+    parser.add_argument("--epp-weights", default="3,2,2",
+                        help="the EPP's prefix, queue and KV-cache scorer weights")
+    parser.add_argument("--cache-ram", type=int, default=CACHE_RAM_MIB,
+                        help="each engine's --cache-ram, MiB")
+    parser.add_argument("--clients", type=int, default=Shape.clients,
+                        help="users served at once")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    kubectl = cluster.up()
+    kubectl.run("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true",
+                check=False)
+    kubectl.run("create", "namespace", NAMESPACE)
+    model = write_tiny_llama(work / "model.gguf", MODEL)
+    binary = llama_server_binary()
+    pods_meta = create_pods(kubectl, args.replicas)
+    pods: list[EngineAtPodIP] = []
+    epp = router = None
+    try:
+        for pod in pods_meta:
+            engine = [str(binary), "-m", str(model), "--ctx-size", str(SLOTS * CTX_PER_SLOT),
+                      "--parallel", str(SLOTS), "--threads", "1", "--cache-ram",
+                      str(args.cache_ram), "--metrics", "--no-warmup"]
+            gateway = ["--engine-slots", str(SLOTS), "--context-length", str(CTX_PER_SLOT),
+                       "--kv-cache-poll-seconds", "1"]
+            pods.append(EngineAtPodIP(pod["metadata"]["name"], loopback_pod_ip(pod), engine,
+                                      gateway, SERVICE, work))
+        kubectl.apply([*router_rbac(NAMESPACE, ROUTER_ACCOUNT), routes_configmap(args.replicas)],
+                      namespace=NAMESPACE)
+        prefix_w, queue_w, kv_w = args.epp_weights.split(",")
+        config = (EPP_CONFIG.replace("prefix-cache-scorer\n    weight: 3",
+                                     f"prefix-cache-scorer\n    weight: {prefix_w}")
+                  .replace("queue-scorer\n    weight: 2", f"queue-scorer\n    weight: {queue_w}")
+                  .replace("kv-cache-utilization-scorer\n    weight: 2",
+                           f"kv-cache-utilization-scorer\n    weight: {kv_w}"))
+        assert args.epp_weights == "3,2,2" or config != EPP_CONFIG, "weights not applied"
+        epp = EndpointPicker(toolchain.ensure("epp") / "epp", cluster.kubeconfig_path(),
+                             SERVICE, NAMESPACE, work, config=config).start()
+        access = service_account_access(kubectl, NAMESPACE, ROUTER_ACCOUNT, work)
+        router = RouterProcess.start(
+            ["--service-name", SERVICE, "--namespace", NAMESPACE, "--routes-configmap",
+             f"{SERVICE}-routes", "--picker-address", epp.address], access, work)
+        time.sleep(2)  # the EPP's first scrapes of every pod
+        every_arm: dict[str, Callable[[int], str]] = {
+            "round_robin": lambda i: pods[i % len(pods)].url,
+            "epp": lambda i: router.url,  # type: ignore[union-attr]
+            "direct": lambda i: pods[0].url,
+        }
+        arms = {name: every_arm[name] for name in args.arms.split(",")}
+        spread = dataclasses.replace(SPREAD, clients=args.clients)
+        hot_shape = dataclasses.replace(HOT, clients=args.clients)
+        report = measure(arms, pods, spread, args.rounds, "shared prefix")
+        hot = [] if args.no_hot else measure(
+            {k: v for k, v in arms.items() if k != "direct"}, pods, hot_shape, args.rounds,
+            "hot group")
+        for figures_hot in hot:
+            by = {f.arm: f for f in report}
+            by[figures_hot.arm].load_max_over_mean = figures_hot.load_max_over_mean
+            by[figures_hot.arm].hot_ttft_p50_ms = figures_hot.ttft_p50_ms
+            by[figures_hot.arm].hot_hit_ratio = figures_hot.hit_ratio
+        before = scrape(router.url + "/metrics")
+        direct_p50, router_p50 = asyncio.run(added_latency(router.url, pods[0].url,
+                                                           args.latency_requests))
+        after = scrape(router.url + "/metrics")
+        picks = (after.get("glm_router_pick_duration_seconds_count", 0)
+                 - before.get("glm_router_pick_duration_seconds_count", 0))
+        pick_mean_ms = ((after.get("glm_router_pick_duration_seconds_sum", 0)
+                         - before.get("glm_router_pick_duration_seconds_sum", 0))
+                        / picks * 1000) if picks else float("nan")
+        by_arm = {f.arm: f for f in report}
+        summary: dict[str, Any] = {"hit_ratio": {f.arm: f.hit_ratio for f in report}}
+        if "round_robin" in by_arm and "epp" in by_arm:
+            rr, epp_arm = by_arm["round_robin"], by_arm["epp"]
+            summary.update(
+                ttft_p50_ratio_rr_over_epp=round(rr.ttft_p50_ms / epp_arm.ttft_p50_ms, 2),
+                throughput_ratio_epp_over_rr=round(epp_arm.tokens_per_second
+                                                   / rr.tokens_per_second, 2),
+                epp_load_max_over_mean=epp_arm.load_max_over_mean)
+        summary.update({
+            "epp_weights": args.epp_weights,
+            "router_added_p50_ms": round((router_p50 - direct_p50) * 1000, 3),
+            "direct_p50_ms": round(direct_p50 * 1000, 3),
+            "router_p50_ms": round(router_p50 * 1000, 3),
+            "picker_mean_ms": round(pick_mean_ms, 3),
+        })
+        print(f"{'arm':<12} {'requests':>8} {'failed':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
+              f"{'tok/s':>7} {'hit':>6} | hot: {'load max/mean':>13} {'TTFT p50':>9} "
+              f"{'hit':>6}")
+        for f in report:
+            print(f"{f.arm:<12} {f.requests:>8} {f.failed:>6} {f.ttft_p50_ms:>7.1f}ms "
+                  f"{f.ttft_p90_ms:>7.1f}ms {f.tokens_per_second:>7.1f} {f.hit_ratio:>6.3f} | "
+                  f"     {f.load_max_over_mean:>13.2f} {f.hot_ttft_p50_ms:>7.1f}ms "
+                  f"{f.hot_hit_ratio:>6.3f}")
+        print(json.dumps(summary, indent=2))
+        if args.plot:
+            plot(report, args.plot)
+        if args.json:
+            args.json.write_text(json.dumps({
+                "summary": summary, "shapes": {"shared_prefix": asdict(SPREAD),
+                                               "hot_group": asdict(HOT)},
+                "replicas": args.replicas,
+                "rounds": args.rounds,
+                "arms": [{k: v for k, v in asdict(f).items() if k != "ttfts"} for f in report],
+            }, indent=2))
+        return 0
+    finally:
+        if router is not None:
+            router.stop()
+        if epp is not None:
+            epp.stop()
+        for pod in pods:
+            pod.stop()
+        kubectl.run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
