@@ -291,7 +291,12 @@ def _epp_objects(service: str, namespace: str, config: OperatorConfig,
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],
     }
+    # Its account, Role and config before the Deployment: a pod created before its
+    # ServiceAccount is refused (FailedCreate) until the ReplicaSet retries.
     return [
+        build_service_account(name, namespace, labels, owner),
+        build_role(name, namespace, labels, owner, epp_rules()),
+        build_role_binding(name, namespace, labels, owner, name, name),
         render_object("configmap.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
                       data={EPP_CONFIG_KEY: config_text}),
         render_object(
@@ -315,9 +320,6 @@ def _epp_objects(service: str, namespace: str, config: OperatorConfig,
                    {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics",
                     "protocol": "TCP"}],
         ),
-        build_service_account(name, namespace, labels, owner),
-        build_role(name, namespace, labels, owner, epp_rules()),
-        build_role_binding(name, namespace, labels, owner, name, name),
     ]
 
 
@@ -439,7 +441,13 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
         "volumes": [{"name": "tmp", "emptyDir": {
             "sizeLimit": memory_quantity(ROUTER_TMP_SIZE)}}],
     }
-    return [
+    return [  # the account and its Role first, as for the picker
+        build_service_account(router, namespace, labels, owner),
+        build_role(router, namespace, labels, owner,
+                   router_rules(routes, routes_configmap_name(name), long_context)),
+        build_role_binding(router, namespace, labels, owner, router, router),
+        _router_budget(router, namespace, labels, selector, owner,
+                       service.spec.routing.router_replicas),
         render_object(
             "component-deployment.yaml.j2",
             metadata=object_meta(router, namespace, labels, owner),
@@ -451,12 +459,6 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
             pod_annotations={},
             pod_spec=pod_spec,
         ),
-        build_service_account(router, namespace, labels, owner),
-        build_role(router, namespace, labels, owner,
-                   router_rules(routes, routes_configmap_name(name), long_context)),
-        build_role_binding(router, namespace, labels, owner, router, router),
-        _router_budget(router, namespace, labels, selector, owner,
-                       service.spec.routing.router_replicas),
     ]
 
 
@@ -506,7 +508,8 @@ class RoutingInputs:
 
 def build_routing(inputs: RoutingInputs) -> list[dict[str, Any]]:
     """Every routing object of the service, in a fixed order: the route table, the picker's
-    six, the router's four. (The client-facing Service is the service renderer's.)"""
+    six, the router's five, each component's account and Role before its Deployment. (The
+    client-facing Service is the service renderer's.)"""
     svc = inputs.service
     name, namespace = svc.metadata.name or "", svc.metadata.namespace or ""
     table = routes_document(inputs.routes, inputs.main_context_tokens, inputs.long_context)

@@ -342,8 +342,9 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
             build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
     if main_lease is not None and gateway_sa is not None:
-        objects += _main_activity(name, namespace, version, main_lease, gateway_sa,
-                                  lc_plan is None, owner, svc.spec.routing.idle_seconds)
+        # First: the main pool's pods name the gateway's account, refused until it exists.
+        objects[:0] = _main_activity(name, namespace, version, main_lease, gateway_sa,
+                                     lc_plan is None, owner, svc.spec.routing.idle_seconds)
     routing = None
     if svc.spec.endpoint_picker:
         routing = _routing_inputs(inputs, main, lc_pool, main_lease, owner)
