@@ -326,3 +326,19 @@ def test_a_drain_takes_one_router_at_a_time() -> None:
     for other in engines:
         expressions = other["spec"]["selector"].get("matchExpressions", [])
         assert all("router" not in e.get("values", []) for e in expressions)
+
+
+def test_the_routers_series_are_scraped_beside_the_gateways() -> None:
+    objects = picker_service()  # with the ServiceMonitor CRD
+    monitor = find(objects, "ServiceMonitor", "chat-router")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert find(objects, "Service", "chat")["metadata"]["labels"].items() >= selector.items()
+    assert not find(objects, "Service", "chat-engines")["metadata"]["labels"].items() >= \
+        selector.items()
+    # /metrics only, its own `service` label kept: no engine behind a router.
+    assert [(e["path"], e.get("honorLabels")) for e in monitor["spec"]["endpoints"]] == [
+        ("/metrics", True)]
+    # The control: without the router, one ServiceMonitor as before.
+    assert [o["metadata"]["name"] for o in rendered(Capabilities(service_monitor=True),
+                                                    replicas=2)
+            if o["kind"] == "ServiceMonitor"] == ["chat"]

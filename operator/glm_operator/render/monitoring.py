@@ -36,7 +36,10 @@ def build_service_monitor(
     owner: dict[str, Any] | None,
     selector: dict[str, str],
     port: str,
+    engine_metrics: bool = True,
 ) -> dict[str, Any]:
+    """`engine_metrics`: also the engines' series the gateway passes through (not for the
+    router, whose pods run no engine)."""
     return render_object(
         "servicemonitor.yaml.j2",
         metadata=object_meta(name, namespace, labels, owner),
@@ -44,5 +47,5 @@ def build_service_monitor(
         port=port,
         interval=SCRAPE_INTERVAL,
         engine_relabelings=[{"sourceLabels": [source], "targetLabel": target}
-                            for source, target in ENGINE_SERIES_LABELS],
+                            for source, target in ENGINE_SERIES_LABELS] if engine_metrics else [],
     )

@@ -99,6 +99,8 @@ from glm_operator.render.routing import (
     build_client_service,
     build_routing,
     engines_service_name,
+    router_name,
+    router_selector,
 )
 from glm_operator.render.scaler import ScalerChoice, choose_scaler
 from glm_operator.render.status import plan_summary
@@ -319,6 +321,10 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
             {SERVICE_LABEL: label_value(name), "app.kubernetes.io/component": "endpoint"},
             GATEWAY_PORT_NAME,
         ))
+        if svc.spec.endpoint_picker:  # the router's own series (docs/routing.md)
+            objects.append(build_service_monitor(
+                router_name(name), namespace, common_labels(name, "monitoring"), owner,
+                router_selector(name), GATEWAY_PORT_NAME, engine_metrics=False))
     if gateway_sa is not None and lc_gateway_sa is not None and lease is not None:
         assert lc_spec is not None
         sa_labels = common_labels(name, "gateway")
