@@ -13,8 +13,10 @@ from glm_operator.gateway.config import add_arguments
 from glm_operator.gateway.flags import ROUTER_FLAGS
 from glm_operator.gateway.router import config as router_config
 from glm_operator.gateway.router import table as router_table
+from glm_operator.render.names import label_value
 from glm_operator.render.output import to_yaml
 from glm_operator.render.routing import (
+    LongContextRoute,
     RouteEntry,
     endpoint_picker_config,
     routes_document,
@@ -342,3 +344,22 @@ def test_the_routers_series_are_scraped_beside_the_gateways() -> None:
     assert [o["metadata"]["name"] for o in rendered(Capabilities(service_monitor=True),
                                                     replicas=2)
             if o["kind"] == "ServiceMonitor"] == ["chat"]
+
+
+def test_a_version_name_longer_than_a_label_gets_its_pods_label_beside_it() -> None:
+    long_name = "glm-4-9b-0414-q4-k-m-from-the-team-model-registry-with-a-very-long-name-v2"
+    assert len(long_name) > 63
+    entry = RouteEntry(long_name, 100, "chat-x", 1, 300.0, None, "chat-x-lc")
+    lc = LongContextRoute("http://chat-lc:8080", 131072, 0, 300.0, "chat-lc")
+    document = routes_document([entry], 8192, lc)
+    (version,) = document["versions"]
+    assert version["name"] == long_name  # what x-glm-version names
+    assert version["podLabel"] == label_value(long_name) and len(version["podLabel"]) <= 63
+    assert document["longContext"]["deployments"] == {long_name: "chat-x-lc"}
+    table = router_table.parse(json.dumps(document))
+    assert table.versions[0].pod_label == label_value(long_name)
+    assert table.long_context is not None
+    assert table.long_context.route_for(table.versions[0]) is not None
+    # The control: a short name needs no podLabel.
+    short = routes_document([RouteEntry("v1", 100, "chat-v1", 1, 300.0, None)], 8192, None)
+    assert "podLabel" not in short["versions"][0]

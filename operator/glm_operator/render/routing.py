@@ -149,19 +149,30 @@ def routes_document(routes: Sequence[RouteEntry], main_context_tokens: int,
         raise ValueError(f"routing: weights must be 0..100 and sum to 100, got "
                          f"{[(r.model_version, r.weight) for r in routes]}")
     return {
-        "versions": [{"name": label_value(r.model_version), "weight": r.weight,
-                      "deployment": r.deployment, "minReplicas": r.min_replicas,
-                      "wakeTimeoutSeconds": float(r.wake_timeout_seconds),
-                      "activityLease": r.activity_lease} for r in routes],
+        "versions": [_version_entry(r) for r in routes],
         "mainContextTokens": main_context_tokens,
         "longContext": (None if long_context is None else {
             "url": long_context.url, "contextTokens": long_context.context_tokens,
-            "deployments": {label_value(r.model_version): r.long_context_deployment
+            "deployments": {r.model_version: r.long_context_deployment
                             for r in routes if r.long_context_deployment},
             "minReplicas": long_context.min_replicas,
             "wakeTimeoutSeconds": float(long_context.wake_timeout_seconds),
             "activityLease": long_context.activity_lease}),
     }
+
+
+def _version_entry(route: RouteEntry) -> dict[str, Any]:
+    """`name` is the ModelVersion (what x-glm-version pins); `podLabel` its pods' version
+    label, given only where the name is longer than a label value may be."""
+    entry: dict[str, Any] = {"name": route.model_version}
+    label = label_value(route.model_version)
+    if label != route.model_version:
+        entry["podLabel"] = label
+    entry.update({"weight": route.weight, "deployment": route.deployment,
+                  "minReplicas": route.min_replicas,
+                  "wakeTimeoutSeconds": float(route.wake_timeout_seconds),
+                  "activityLease": route.activity_lease})
+    return entry
 
 
 # ---------------------------------------------------------------- the endpoint picker
