@@ -239,20 +239,23 @@ def test_router_and_picker_rbac_is_narrow() -> None:
         assert pod["serviceAccountName"] == name and pod["automountServiceAccountToken"]
 
 
-def test_scale_from_zero_gives_each_version_a_lease_its_gateways_renew() -> None:
+def test_scale_from_zero_gives_each_version_a_lease_the_router_renews() -> None:
+    """Every request passes the router, so it renews the version's Lease (routes.json names
+    it, its Role allows it); the pods' gateways keep the long-context pool's Lease, which
+    their own overflow marks when it wakes that pool."""
     objects = picker_service()
     lease = find(objects, "Lease", "chat-glm4-9b-q4-activity")
     assert lease["spec"]["leaseDurationSeconds"] == 300  # routing.idleSeconds
+    table = json.loads(find(objects, "ConfigMap", "chat-routes")["data"]["routes.json"])
+    assert table["versions"][0]["activityLease"] == "chat-glm4-9b-q4-activity"
+    leases = [rule for rule in find(objects, "Role", "chat-router")["rules"]
+              if rule["resources"] == ["leases"]]
+    assert "chat-glm4-9b-q4-activity" in leases[0]["resourceNames"]
     deployment = find(objects, "Deployment", "chat-glm4-9b-q4")
     gateway = container(deployment, "gateway")
-    assert option(gateway["args"], "--activity-lease") == "chat-glm4-9b-q4-activity"
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "chat-gateway"
-    role = find(objects, "Role", "chat-glm4-9b-q4-activity")
-    assert role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                              "resourceNames": ["chat-glm4-9b-q4-activity"],
-                              "verbs": ["patch"]}]
-    assert find(objects, "RoleBinding", "chat-glm4-9b-q4-activity")["subjects"][0]["name"] == \
-        "chat-gateway"
+    assert option(gateway["args"], "--activity-lease") == "chat-lc"
+    assert not [o for o in objects if o["kind"] in ("Role", "RoleBinding")
+                and o["metadata"]["name"] == "chat-glm4-9b-q4-activity"]
     # Created awake (the first version must load to be promoted); the HPA's floor is 1: it
     # leaves a Deployment at 0 alone, and the operator's idle clock puts it to sleep.
     assert deployment["metadata"]["annotations"]["glm-operator.dev/initial-replicas"] == "1"
@@ -260,11 +263,13 @@ def test_scale_from_zero_gives_each_version_a_lease_its_gateways_renew() -> None
     assert hpa["spec"]["minReplicas"] == 1
 
 
-def test_scale_from_zero_without_long_context_makes_the_gateway_account() -> None:
+def test_scale_from_zero_without_long_context_needs_no_gateway_account() -> None:
     objects = rendered(routing={"mode": "EndpointPicker"}, autoscaling=SCALE_FROM_ZERO)
-    assert find(objects, "ServiceAccount", "chat-gateway")
+    assert not [o for o in objects if o["kind"] == "ServiceAccount"
+                and o["metadata"]["name"] == "chat-gateway"]
     assert find(objects, "Lease", "chat-glm4-9b-q4-activity")
-    # Exactly one account of that name, whichever pool asked for it.
+    gateway = container(find(objects, "Deployment", "chat-glm4-9b-q4"), "gateway")
+    assert "--activity-lease" not in gateway["args"]
     assert problems(objects) == []
 
 

@@ -246,14 +246,12 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
 
     lc_deployment = deployment_name(name, version, LONG_CONTEXT_POOL)
     multi_node = inputs.plan.request.nodes > 1
-    # Scale from zero: the main pool's gateways renew their version's Lease while they serve.
-    # The gateway has one --activity-lease, so they then no longer mark the long-context
-    # pool's when they wake it; the operator counts a newly woken pool as active anyway
-    # (decide/idle.py).
+    # Scale from zero: the router renews the version's Lease while it routes to it (every
+    # request passes the router, routes.json names the Lease); the pods' gateways keep the
+    # long-context pool's, which they mark when their own overflow wakes that pool.
     main_lease = (main_activity_lease_name(name, version)
                   if svc.spec.main_pool_may_sleep and not multi_node else None)
-    gateway_sa = (gateway_service_account_name(name)
-                  if lc_plan is not None or main_lease is not None else None)
+    gateway_sa = gateway_service_account_name(name) if lc_plan is not None else None
     lc_gateway_sa = (long_context_gateway_service_account_name(name)
                      if lc_plan is not None else None)
     lease = activity_lease_name(name) if lc_plan is not None else None
@@ -271,7 +269,7 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
         long_context_deployment=lc_deployment if lc_plan is not None else None,
         wake_timeout_seconds=(wake_timeout_seconds(startup_seconds(lc_pool))
                               if lc_pool is not None else None),
-        activity_lease=main_lease or lease,
+        activity_lease=lease,
         service_account=gateway_sa,
         replicas=inputs.main_replicas,
     )
@@ -347,10 +345,9 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
             build_role(lc_role, namespace, sa_labels, owner, activity_lease_rules(lease)),
             build_role_binding(lc_role, namespace, sa_labels, owner, lc_role, lc_gateway_sa),
         ]
-    if main_lease is not None and gateway_sa is not None:
-        # First: the main pool's pods name the gateway's account, refused until it exists.
-        objects[:0] = _main_activity(name, namespace, version, main_lease, gateway_sa,
-                                     lc_plan is None, owner, svc.spec.routing.idle_seconds)
+    if main_lease is not None:
+        objects.append(_main_activity_lease(name, namespace, version, main_lease, owner,
+                                            svc.spec.routing.idle_seconds))
     routing = None
     if svc.spec.endpoint_picker:
         routing = _routing_inputs(inputs, main, lc_pool, main_lease, owner)
@@ -359,21 +356,13 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
     return RenderedService(objects, scaler, targets, routing)
 
 
-def _main_activity(name: str, namespace: str, version: str, lease: str, gateway_sa: str,
-                   new_account: bool, owner: dict[str, Any] | None,
-                   idle_seconds: int) -> list[dict[str, Any]]:
-    """A main pool that scales from zero: its version's activity Lease, and the Role its
-    gateways renew it with (the ServiceAccount too where no long-context pool made it)."""
-    sa_labels = common_labels(name, "gateway")
-    version_labels = {**sa_labels, VERSION_LABEL: label_value(version)}
-    role = dns_name(name, version, "activity")
+def _main_activity_lease(name: str, namespace: str, version: str, lease: str,
+                         owner: dict[str, Any] | None, idle_seconds: int) -> dict[str, Any]:
+    """A main pool that scales from zero: its version's activity Lease (the router renews
+    it, the operator reads it to put the pool to sleep)."""
     lease_labels = {**common_labels(name, "main-activity"), POOL_LABEL: MAIN_POOL,
                     VERSION_LABEL: label_value(version)}
-    out = [build_service_account(gateway_sa, namespace, sa_labels, owner)] if new_account else []
-    return [*out,
-            build_activity_lease(lease, namespace, lease_labels, owner, idle_seconds),
-            build_role(role, namespace, version_labels, owner, activity_lease_rules(lease)),
-            build_role_binding(role, namespace, version_labels, owner, role, gateway_sa)]
+    return build_activity_lease(lease, namespace, lease_labels, owner, idle_seconds)
 
 
 def _routing_inputs(inputs: ServiceInputs, main: PoolContext, lc_pool: PoolContext | None,
