@@ -1,6 +1,6 @@
 """What LLM-aware routing buys, measured side by side in one run.
 
-    GLM_E2E_PORT_OFFSET=500 python -m bench.routing [--replicas 3] [--rounds 2]
+    GLM_E2E_PORT_OFFSET=500 python -m bench.routing [--replicas 3] [--rounds 2] [--clients 3]
                                                     [--plot docs/routing-ttft.png]
                                                     [--json out.json]
 
@@ -12,24 +12,29 @@ reading those pods from the local API server and scraping the gateways; the real
 ConfigMap.
 
 Workload (the inference-perf "shared prefix" shape): groups of users sharing a system prompt,
-each user a multi-turn conversation (the next turn carries the previous ones), one hot group
-with 80 % of the users. There are more distinct system prompts than one replica's prompt
-cache holds (2 slots plus `--cache-ram`, about 4 prompts of this size) but fewer than all
-replicas hold together: the regime where placement decides hits. Each arm gets fresh prompts
-of the same shape (no arm inherits another's cache), and the arms alternate round by round:
+each user a two-turn conversation (the second turn carries the first). 9 system prompts:
+more than one replica's prompt cache holds (2 slots plus `--cache-ram` 16 MiB, about 6
+prompts of this size) but fewer than 3 replicas hold together, the regime where placement
+decides hits. Three phases: the users one at a time (placement alone decides hits), `clients`
+at once (below the replicas' slots; llama.cpp cannot share a prompt one slot is still
+prefilling with another slot, so same-prefix requests that overlap each prefill), and a hot
+group with 80 % of the users (does the picker still spread the load). Each arm gets fresh
+prompts of the same shape (no arm inherits another's cache), and the arms alternate:
 
 - `round_robin`: each request to the next pod's gateway in turn (what a Service does);
 - `epp`: through the router, which asks the EPP;
 - `direct`: every request to one engine's gateway (one replica).
 
-Reported per arm: TTFT p50/p90 (streaming, to the first byte of the answer), output tokens/s,
-the engines' prompt-cache hit ratio (`llamacpp:prompt_tokens_cached_total` over cached plus
-processed, deltas over the arm), and how evenly load spread (each pod's time-averaged
-requests in flight, the largest over the mean). Then the router's added latency: tiny
-requests one at a time, straight to a pod's gateway and through the router, alternating.
-Targets: hit ratio >= 0.8 (round robin about 1/N), TTFT p50 at least 3x lower than round
-robin, throughput not lower, no pod's load above 2x the mean, the router adding at most
-1 ms p50. The figures go to docs/performance.md; `--plot` writes the TTFT distributions.
+Reported per phase and arm: TTFT p50/p90 (streaming, to the first byte of the answer), output
+tokens/s, the engines' prompt-cache hit ratio (`llamacpp:prompt_tokens_cached_total` over
+cached plus processed, deltas over the arm), the requests that prefilled a whole system
+prompt (9 is the least: the first of each group), and how evenly load spread (each pod's
+time-averaged requests in flight, the largest over the mean). Then the router's added
+latency: tiny requests one at a time, straight to a pod's gateway and through the router,
+alternating, with the picker's own share from the router's histogram. Targets: hit ratio >=
+0.8 (round robin about 1/N), TTFT p50 at least 3x lower than round robin, throughput not
+lower, no pod's load above 2x the mean, the router adding at most 1 ms p50. The figures go to
+docs/performance.md; `--plot` writes the TTFT distributions of both shared-prefix phases.
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ VERSION = "v1"
 ROUTER_ACCOUNT = "bench-router"
 SLOTS = 2
 CTX_PER_SLOT = 4096
-CACHE_RAM_MIB = 8  # about two prompts of this model's size beside the two slots
+CACHE_RAM_MIB = 16  # about four prompts of this model's size beside the two slots
 PREFIX_CHARS = 1500  # one token per character on the byte vocabulary: ~1,900 with the template
 MODEL = TinyLlamaSpec(n_embd=256, n_layer=4, n_head=4, n_head_kv=2, n_ff=768, dtype="f16",
                       n_ctx_train=32768, name="bench-routing")
@@ -86,7 +91,7 @@ class Shape:
 
 
 # Equal groups: where placement decides prompt-cache hits (the hit ratio, TTFT, throughput).
-SPREAD = Shape(groups=9, cold_users=4, hot_users=4, turns=2)
+SPREAD = Shape(groups=9, cold_users=8, hot_users=8, turns=2)
 # One group with 80 % of the users: whether the picker still spreads the load.
 HOT = Shape(groups=9, cold_users=1, hot_users=32)
 
@@ -97,6 +102,8 @@ class Result:
     total: float
     tokens: int
     ok: bool
+    cached: int = 0  # prompt tokens the engine took from its cache (timings.cache_n)
+    processed: int = 0  # and those it prefilled (timings.prompt_n)
 
 
 @dataclass
@@ -110,8 +117,7 @@ class ArmFigures:
     hit_ratio: float = 0.0
     load_max_over_mean: float = 0.0
     seconds: float = 0.0
-    hot_ttft_p50_ms: float = 0.0
-    hot_hit_ratio: float = 0.0
+    prefills: int = 0  # requests that prefilled a system prompt (none of it cached)
     ttfts: list[float] = field(default_factory=list)
 
 
@@ -151,12 +157,16 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[d
             if answer.status != 200:
                 await answer.read()
                 return Result(0, time.perf_counter() - started, 0, False), ""
-            tokens = 0
+            tokens = cached = processed = 0
             async for line in answer.content:
                 if first is None:
                     first = time.perf_counter() - started
                 if line.startswith(b"data: {"):
                     event = json.loads(line[6:])
+                    timings = event.get("timings")
+                    if timings:
+                        cached = int(timings.get("cache_n", 0))
+                        processed = int(timings.get("prompt_n", 0))
                     for choice in event.get("choices", []):
                         piece = (choice.get("delta") or {}).get("content")
                         if piece:
@@ -164,7 +174,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, messages: list[d
                             text += piece
     except aiohttp.ClientError:
         return Result(0, time.perf_counter() - started, 0, False), ""
-    return Result(first or 0.0, time.perf_counter() - started, tokens, True), text
+    return Result(first or 0.0, time.perf_counter() - started, tokens, True, cached,
+                  processed), text
 
 
 async def run_arm(arm: str, urls: Callable[[int], str], shape: Shape, seed: int
@@ -261,7 +272,8 @@ def figures(arm: str, results: list[Result], seconds: float, cache_delta: tuple[
         ttft_p90_ms=round(quantile(ttfts, 0.9) * 1000, 1),
         tokens_per_second=round(sum(r.tokens for r in good) / seconds, 2),
         hit_ratio=round(cached / (cached + processed), 3) if cached + processed else 0.0,
-        load_max_over_mean=round(load, 2), seconds=round(seconds, 1), ttfts=ttfts)
+        load_max_over_mean=round(load, 2), seconds=round(seconds, 1), ttfts=ttfts,
+        prefills=sum(1 for r in good if r.processed > PREFIX_CHARS // 2))
 
 
 async def added_latency(router_url: str, pod_url: str, count: int) -> tuple[float, float]:
@@ -282,27 +294,32 @@ async def added_latency(router_url: str, pod_url: str, count: int) -> tuple[floa
     return statistics.median(times["direct"]), statistics.median(times["router"])
 
 
-def plot(arms: list[ArmFigures], path: Path) -> None:
+def plot(reports: dict[str, list[ArmFigures]], path: Path) -> None:
+    """One panel per shared-prefix phase: each arm's TTFT distribution (log scale)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for arm in arms:
-        values = sorted(v * 1000 for v in arm.ttfts)
-        if values:
-            axis.plot(values, [i / len(values) for i in range(1, len(values) + 1)],
-                      label=f"{arm.arm} (p50 {arm.ttft_p50_ms:.0f} ms)")
-    axis.set_xscale("log")
-    axis.set_xlabel("time to first token, ms (log)")
-    axis.set_ylabel("share of requests")
-    axis.set_title("TTFT by routing, shared-prefix multi-turn load")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+    phases = [name for name in reports if name != "hot group"]
+    figure, axes = plt.subplots(1, len(phases), figsize=(6 * len(phases), 4), sharey=True)
+    panels = list(getattr(axes, "flat", [axes]))
+    for axis, phase in zip(panels, phases, strict=True):
+        for arm in reports[phase]:
+            values = sorted(v * 1000 for v in arm.ttfts)
+            if values:
+                axis.plot(values, [i / len(values) for i in range(1, len(values) + 1)],
+                          label=f"{arm.arm} (p50 {arm.ttft_p50_ms:.0f} ms, hit "
+                                f"{arm.hit_ratio:.2f})")
+        axis.set_xscale("log")
+        axis.set_xlabel("time to first token, ms (log)")
+        axis.set_title(f"shared-prefix multi-turn load, {phase}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(loc="lower right")
+    panels[0].set_ylabel("share of requests")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
 
 
 def create_pods(kubectl: Kubectl, count: int) -> list[dict[str, Any]]:
@@ -426,17 +443,14 @@ def main(argv: list[str] | None = None) -> int:
             "direct": lambda i: pods[0].url,
         }
         arms = {name: every_arm[name] for name in args.arms.split(",")}
-        spread = dataclasses.replace(SPREAD, clients=args.clients)
-        hot_shape = dataclasses.replace(HOT, clients=args.clients)
-        report = measure(arms, pods, spread, args.rounds, "shared prefix")
-        hot = [] if args.no_hot else measure(
-            {k: v for k, v in arms.items() if k != "direct"}, pods, hot_shape, args.rounds,
-            "hot group")
-        for figures_hot in hot:
-            by = {f.arm: f for f in report}
-            by[figures_hot.arm].load_max_over_mean = figures_hot.load_max_over_mean
-            by[figures_hot.arm].hot_ttft_p50_ms = figures_hot.ttft_p50_ms
-            by[figures_hot.arm].hot_hit_ratio = figures_hot.hit_ratio
+        phases = [("one at a time", dataclasses.replace(SPREAD, clients=1), arms),
+                  (f"{args.clients} at once", dataclasses.replace(SPREAD, clients=args.clients),
+                   arms)]
+        if not args.no_hot:
+            phases.append(("hot group", dataclasses.replace(HOT, clients=args.clients),
+                           {k: v for k, v in arms.items() if k != "direct"}))
+        reports = {name: measure(phase_arms, pods, shape, args.rounds, name)
+                   for name, shape, phase_arms in phases}
         before = scrape(router.url + "/metrics")
         direct_p50, router_p50 = asyncio.run(added_latency(router.url, pods[0].url,
                                                            args.latency_requests))
@@ -446,40 +460,44 @@ def main(argv: list[str] | None = None) -> int:
         pick_mean_ms = ((after.get("glm_router_pick_duration_seconds_sum", 0)
                          - before.get("glm_router_pick_duration_seconds_sum", 0))
                         / picks * 1000) if picks else float("nan")
-        by_arm = {f.arm: f for f in report}
-        summary: dict[str, Any] = {"hit_ratio": {f.arm: f.hit_ratio for f in report}}
-        if "round_robin" in by_arm and "epp" in by_arm:
-            rr, epp_arm = by_arm["round_robin"], by_arm["epp"]
-            summary.update(
-                ttft_p50_ratio_rr_over_epp=round(rr.ttft_p50_ms / epp_arm.ttft_p50_ms, 2),
-                throughput_ratio_epp_over_rr=round(epp_arm.tokens_per_second
-                                                   / rr.tokens_per_second, 2),
-                epp_load_max_over_mean=epp_arm.load_max_over_mean)
+        summary: dict[str, Any] = {"phases": {}}
+        for name, report in reports.items():
+            by_arm = {f.arm: f for f in report}
+            phase: dict[str, Any] = {"hit_ratio": {f.arm: f.hit_ratio for f in report},
+                                     "prefills": {f.arm: f.prefills for f in report}}
+            if "round_robin" in by_arm and "epp" in by_arm:
+                rr, epp_arm = by_arm["round_robin"], by_arm["epp"]
+                phase.update(
+                    ttft_p50_ratio_rr_over_epp=round(rr.ttft_p50_ms / epp_arm.ttft_p50_ms, 2),
+                    throughput_ratio_epp_over_rr=round(
+                        epp_arm.tokens_per_second / rr.tokens_per_second, 2),
+                    load_max_over_mean={f.arm: f.load_max_over_mean for f in report
+                                        if f.arm != "direct"})
+            summary["phases"][name] = phase
         summary.update({
-            "epp_weights": args.epp_weights,
+            "epp_weights": args.epp_weights, "cache_ram_mib": args.cache_ram,
             "router_added_p50_ms": round((router_p50 - direct_p50) * 1000, 3),
             "direct_p50_ms": round(direct_p50 * 1000, 3),
             "router_p50_ms": round(router_p50 * 1000, 3),
             "picker_mean_ms": round(pick_mean_ms, 3),
         })
-        print(f"{'arm':<12} {'requests':>8} {'failed':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
-              f"{'tok/s':>7} {'hit':>6} | hot: {'load max/mean':>13} {'TTFT p50':>9} "
-              f"{'hit':>6}")
-        for f in report:
-            print(f"{f.arm:<12} {f.requests:>8} {f.failed:>6} {f.ttft_p50_ms:>7.1f}ms "
-                  f"{f.ttft_p90_ms:>7.1f}ms {f.tokens_per_second:>7.1f} {f.hit_ratio:>6.3f} | "
-                  f"     {f.load_max_over_mean:>13.2f} {f.hot_ttft_p50_ms:>7.1f}ms "
-                  f"{f.hot_hit_ratio:>6.3f}")
+        for name, report in reports.items():
+            print(f"\n{name} ({report[0].requests} requests per arm)")
+            print(f"{'arm':<12} {'failed':>6} {'TTFT p50':>9} {'TTFT p90':>9} {'tok/s':>7} "
+                  f"{'hit':>6} {'prefills':>8} {'load max/mean':>13}")
+            for f in report:
+                print(f"{f.arm:<12} {f.failed:>6} {f.ttft_p50_ms:>7.1f}ms "
+                      f"{f.ttft_p90_ms:>7.1f}ms {f.tokens_per_second:>7.1f} {f.hit_ratio:>6.3f} "
+                      f"{f.prefills:>8} {f.load_max_over_mean:>13.2f}")
         print(json.dumps(summary, indent=2))
         if args.plot:
-            plot(report, args.plot)
+            plot(reports, args.plot)
         if args.json:
             args.json.write_text(json.dumps({
-                "summary": summary, "shapes": {"shared_prefix": asdict(SPREAD),
-                                               "hot_group": asdict(HOT)},
-                "replicas": args.replicas,
-                "rounds": args.rounds,
-                "arms": [{k: v for k, v in asdict(f).items() if k != "ttfts"} for f in report],
+                "summary": summary, "replicas": args.replicas, "rounds": args.rounds,
+                "shapes": {name: asdict(shape) for name, shape, _ in phases},
+                "phases": {name: [{k: v for k, v in asdict(f).items() if k != "ttfts"}
+                                  for f in report] for name, report in reports.items()},
             }, indent=2))
         return 0
     finally:
