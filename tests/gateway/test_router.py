@@ -515,3 +515,36 @@ def test_the_top_level_command_keeps_the_router_as_the_runner() -> None:
         assert cli.main(["gateway", "--router", "--service-name", "s",
                          "--routes-configmap", "r"]) == 7
     run.assert_called_once()
+
+
+def test_the_prefix_index_predicts_what_a_pod_was_sent() -> None:
+    from glm_operator.gateway.router.prefix import BLOCK_CHARS, PrefixIndex, prompt_text
+
+    index = PrefixIndex(blocks_per_pod=100)
+    system = "s" * (10 * BLOCK_CHARS)
+    first = prompt_text({"messages": [{"role": "system", "content": system},
+                                      {"role": "user", "content": "a" * 200}]})
+    second = prompt_text({"messages": [{"role": "system", "content": system},
+                                       {"role": "user", "content": "b" * 200}]})
+    assert index.predict_and_record("p1", first) == 0
+    assert index.predict_and_record("p1", second) >= 10 * BLOCK_CHARS  # the shared system part
+    assert index.predict_and_record("p2", second) == 0  # another pod holds none of it
+    # a block matches only with its whole prefix: the same text after another start does not
+    assert index.predict_and_record("p1", "x" + first) == 0
+    small = PrefixIndex(blocks_per_pod=5)  # evicted: predicted no longer
+    small.predict_and_record("p", first)
+    small.predict_and_record("p", "z" * 1000)
+    assert small.predict_and_record("p", first) == 0
+
+
+async def test_the_router_counts_what_it_predicted_beside_what_the_engine_cached(
+        scene: Scene) -> None:
+    app = await scene.start()
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    await chat(scene, content="q" * 640)
+    await chat(scene, content="q" * 640)
+    total = counter(app, "glm_router_prompt_chars_total", version="v1")
+    predicted = counter(app, "glm_router_prompt_chars_predicted_cached_total", version="v1")
+    assert total > 1280 and 640 <= predicted < total / 2 + 64

@@ -40,6 +40,7 @@ from glm_operator.gateway.router.forward import (
 from glm_operator.gateway.router.metrics import RouterMetrics
 from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
 from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
+from glm_operator.gateway.router.prefix import PrefixIndex, prompt_text
 from glm_operator.gateway.router.table import (
     RouteTable,
     TableError,
@@ -100,6 +101,7 @@ class RouterApp:
         self.table_error = ""
         self.pods = ReadyPods(config.pod_port)
         self.clients = PodClients(config.connect_timeout_seconds, config.read_timeout_seconds)
+        self.prefixes = PrefixIndex()
         self.picker: EndpointPicker | None = None  # made in start(): grpc.aio binds a
         # channel to the loop running when it is made
         self.draining = False
@@ -231,8 +233,9 @@ class RouterApp:
 
     def _on_pods(self, objects: Objects) -> None:
         self.pods.update(objects.values())
-        self.clients.keep_only({e.address for eps in self.pods.by_version.values()
-                                for e in eps})
+        addresses = {e.address for eps in self.pods.by_version.values() for e in eps}
+        self.clients.keep_only(addresses)
+        self.prefixes.keep_only(addresses)
 
     # --- routes ------------------------------------------------------------------------------
 
@@ -343,7 +346,7 @@ class RouterApp:
                 return ready_or_answer, version.name
             ready = ready_or_answer
         return await self._send(request, route, pool, ready, stream, pod_headers,
-                                answer_headers, held_until), version.name
+                                answer_headers, held_until, prompt_text(body)), version.name
 
     async def _wait_for_pods(self, version: VersionRoute, pool: str
                              ) -> tuple[PodEndpoint, ...] | Response:
@@ -376,8 +379,8 @@ class RouterApp:
 
     async def _send(self, request: Request, version: VersionRoute, pool: str,
                     ready: tuple[PodEndpoint, ...], stream: bool, pod_headers: bytes,
-                    answer_headers: dict[str, str], held_until: float | None = None
-                    ) -> Response | Streamed:
+                    answer_headers: dict[str, str], held_until: float | None = None,
+                    text: str = "") -> Response | Streamed:
         """`held_until`: the request waited for the version's first ready pod, whose gateway
         may not listen yet (Ready is the kubelet's word, a moment ahead of the socket): a
         refused connection is tried again until then, as nothing was sent."""
@@ -390,6 +393,11 @@ class RouterApp:
                 f"the endpoint picker failed ({reason}) and this service fails closed "
                 "(spec.routing.failureMode: FailClose)", 1, "picker_unavailable")
         self.metrics.picks.labels(self._service, reason).inc()
+        if pool == MAIN_POOL:
+            predicted = self.prefixes.predict_and_record(address, text)
+            self.metrics.prompt_chars.labels(self._service, version.name).inc(len(text))
+            self.metrics.prompt_chars_predicted.labels(self._service, version.name).inc(
+                predicted)
         tried = {address}
         while True:
             try:

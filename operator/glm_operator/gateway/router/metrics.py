@@ -15,6 +15,11 @@ WAITING = "glm_router_waiting_requests"  # held while a version wakes or has no 
 WAKES_TOTAL = "glm_router_wakes_total"  # label version: scaled from zero by this router
 PROMPT_TOKENS_TOTAL = "glm_router_prompt_tokens_total"  # label version, as the engine counted
 PROMPT_TOKENS_CACHED_TOTAL = "glm_router_prompt_tokens_cached_total"  # of them, from its cache
+# The router's own prediction (router/prefix.py): prompt characters sent, and those the chosen
+# pod should hold from earlier requests. Beside the engines' count: a placement that missed
+# against an engine that evicted.
+PROMPT_CHARS_TOTAL = "glm_router_prompt_chars_total"  # label version
+PROMPT_CHARS_PREDICTED_TOTAL = "glm_router_prompt_chars_predicted_cached_total"  # label version
 
 PICK_REASONS = ("endpoint_picker", "fail_open", "least_loaded", "long_context")
 PICK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -32,6 +37,8 @@ class RouterMetrics:
     wakes: Counter
     prompt_tokens: Counter
     prompt_tokens_cached: Counter
+    prompt_chars: Counter
+    prompt_chars_predicted: Counter
 
     @classmethod
     def create(cls, service: str) -> RouterMetrics:
@@ -58,6 +65,11 @@ class RouterMetrics:
             prompt_tokens_cached=counter(PROMPT_TOKENS_CACHED_TOTAL,
                                          "Prompt tokens the engines took from their cache",
                                          "version"),
+            prompt_chars=counter(PROMPT_CHARS_TOTAL, "Prompt characters routed", "version"),
+            prompt_chars_predicted=counter(
+                PROMPT_CHARS_PREDICTED_TOTAL,
+                "Prompt characters the chosen pod should hold from earlier requests",
+                "version"),
         )
         metrics.waiting.labels(service).set(0)
         for reason in PICK_REASONS:
