@@ -148,7 +148,8 @@ async def test_bodies_past_the_buffered_cap_are_503_unread(scene: Scene) -> None
     first.close()
 
 
-@pytest.mark.parametrize("body", [b"[1,2]", b"{not json", b'"text"'])
+@pytest.mark.parametrize("body", [b"[1,2]", b"{not json", b'"text"', b"[" * 50_000,
+                                  b'{"messages": "\xff\xfe"}'])
 async def test_a_body_that_is_not_a_json_object_is_400_and_not_sent(scene: Scene,
                                                                     body: bytes) -> None:
     port = await routed(scene)
@@ -193,3 +194,15 @@ async def test_a_client_that_hangs_up_mid_stream_frees_the_pod(scene: Scene) -> 
     await reader.readexactly(1000)
     writer.transport.abort()  # type: ignore[attr-defined]
     await asyncio.wait_for(pod.cancelled.wait(), 10)
+
+
+async def test_a_long_version_pin_is_refused_without_echoing_it_whole(scene: Scene) -> None:
+    port = await routed(scene)
+    pin = b"v" * 30_000
+    body = b'{"messages": [{"role": "user", "content": "x"}]}'
+    status, _, answer = await exchange(
+        port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Glm-Version: %b\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (pin, len(body), body))
+    assert status == 400 and code_of(answer) == "unknown_version"
+    assert len(answer) < 1000
+    assert not scene.pods["a"].seen

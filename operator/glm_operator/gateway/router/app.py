@@ -308,7 +308,7 @@ class RouterApp:
                                   "request_too_large"), ""
         try:
             body = json.loads(request.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             body = None
         if not isinstance(body, dict):
             return error_response(400, "The request body must be a JSON object.",
@@ -317,8 +317,9 @@ class RouterApp:
         if pin is not None:
             pinned = table.version(pin)
             if pinned is None:
+                shown = pin if len(pin) <= 80 else pin[:80] + "..."
                 return error_response(
-                    400, f"{VERSION_HEADER}: {pin!r} is not a version of this service; it "
+                    400, f"{VERSION_HEADER}: {shown!r} is not a version of this service; it "
                     f"serves {', '.join(table.names)}.", "unknown_version"), ""
             version = pinned
         else:
