@@ -548,3 +548,15 @@ async def test_the_router_counts_what_it_predicted_beside_what_the_engine_cached
     total = counter(app, "glm_router_prompt_chars_total", version="v1")
     predicted = counter(app, "glm_router_prompt_chars_predicted_cached_total", version="v1")
     assert total > 1280 and 640 <= predicted < total / 2 + 64
+
+
+def test_the_pods_gateway_never_loads_grpc() -> None:
+    """grpc is the router's alone: the pod gateway's memory budget has no room for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, glm_operator.gateway.app, glm_operator.gateway.cli; "
+            "print(sorted(m for m in ('grpc', 'envoy', 'google.protobuf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
