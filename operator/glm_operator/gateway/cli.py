@@ -7,9 +7,26 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from glm_operator.gateway import config as gateway_config
 from glm_operator.gateway.app import Gateway
+from glm_operator.gateway.wire.server import HttpServer
+
+_C = TypeVar("_C")
+
+
+class Served(Protocol):
+    """What `serve` runs: the pod's gateway, or the router."""
+
+    draining: bool
+
+    async def start(self) -> None: ...
+
+    def http_server(self) -> HttpServer: ...
+
+    async def stop(self) -> None: ...
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
@@ -40,19 +57,29 @@ def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def run(args: argparse.Namespace) -> int:
+def _prepared(args: argparse.Namespace, from_args: Callable[[argparse.Namespace], _C]
+              ) -> tuple[_C, asyncio.AbstractEventLoop] | None:
+    """Logging set up, the configuration parsed and the event loop made; None (logged) when
+    either is refused."""
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = gateway_config.from_args(args)
+        config = from_args(args)
     except ValueError as exc:
         logging.getLogger(__name__).error("invalid configuration: %s", exc)
-        return 2
+        return None
     try:
-        loop = new_event_loop(args.event_loop)
+        return config, new_event_loop(args.event_loop)
     except ImportError:
         logging.getLogger(__name__).error("--event-loop uvloop: uvloop is not installed")
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    prepared = _prepared(args, gateway_config.from_args)
+    if prepared is None:
         return 2
+    config, loop = prepared
     gateway = Gateway(config)
     logging.getLogger(__name__).info(
         "gateway for %s (version %s, pool %s) on %s:%d -> %s%s (event loop %s)",
@@ -68,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(gateway: Gateway, host: str, port: int, drain_seconds: float) -> None:
+async def serve(gateway: Served, host: str, port: int, drain_seconds: float) -> None:
     """Serve until SIGTERM or SIGINT, then drain: /readyz answers 503, the listener closes, a
     request arriving on a kept-alive connection is refused (503, Connection: close), and the
     running ones get up to `drain_seconds` to finish (a long generation included: the
@@ -108,27 +135,18 @@ def add_arguments_for(parser: argparse.ArgumentParser, argv: list[str]) -> None:
 def run_router(args: argparse.Namespace) -> int:
     from glm_operator.gateway.router import config as router_config
     from glm_operator.gateway.router.app import RouterApp
-    from glm_operator.gateway.router.app import serve as serve_router
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = router_config.from_args(args)
-    except ValueError as exc:
-        logging.getLogger(__name__).error("invalid configuration: %s", exc)
+    prepared = _prepared(args, router_config.from_args)
+    if prepared is None:
         return 2
-    try:
-        loop = new_event_loop(args.event_loop)
-    except ImportError:
-        logging.getLogger(__name__).error("--event-loop uvloop: uvloop is not installed")
-        return 2
+    config, loop = prepared
     app = RouterApp(config)
     logging.getLogger(__name__).info(
         "router for %s/%s on %s:%d, picker %s (fails %s)", config.namespace,
         config.service_name, config.host, config.port, config.picker_address or "none",
         config.picker_failure_mode)
     try:
-        loop.run_until_complete(serve_router(app))
+        loop.run_until_complete(serve(app, config.host, config.port, config.drain_seconds))
     finally:
         loop.close()
     return 0

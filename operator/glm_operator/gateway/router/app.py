@@ -485,22 +485,3 @@ class RouterApp:
             cached.inc(report.cached_tokens)
         return note
 
-
-async def serve(app: RouterApp) -> None:
-    """Serve until SIGTERM or SIGINT, then drain as the gateway does (gateway/cli.py)."""
-    import signal
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    server = app.http_server()
-    try:
-        await server.start(app.config.host, app.config.port)
-        await stop.wait()
-        app.draining = True
-        await server.stop(app.config.drain_seconds)
-    finally:
-        await app.stop()
-
