@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         epp = EndpointPicker(toolchain.ensure("epp") / "epp", cluster.kubeconfig_path(),
                              SERVICE, NAMESPACE, work, config=config).start()
         access = service_account_access(kubectl, NAMESPACE, ROUTER_ACCOUNT, work)
-        router = RouterProcess.start(
+        router = RouterProcess.launch(
             ["--service-name", SERVICE, "--namespace", NAMESPACE, "--routes-configmap",
              f"{SERVICE}-routes", "--picker-address", epp.address], access, work)
         time.sleep(2)  # the EPP's first scrapes of every pod

@@ -351,7 +351,7 @@ class RoutingKubelet:
         assert picker is not None
         args = _without(rendered[2:], "--port")
         args = _replaced(args, "--picker-address", picker.address)
-        process = RouterProcess.start(args, self._access(pod), self.work / "pods" / name)
+        process = RouterProcess.launch(args, self._access(pod), self.work / "pods" / name)
         with self._lock:
             self.routers[name] = RouterPod(name, service, rendered, process)
 

@@ -11,20 +11,16 @@ What this module plays is the kubelet: it starts each pod's processes at the pod
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl
-from e2e.llama import LlamaServer, http_json
+from e2e.llama import LlamaServer
 from e2e.ports import free_port
 from e2e.test_gateway_wake import api_server_and_ca
 
@@ -73,21 +69,16 @@ def router_rbac(namespace: str, account: str) -> list[dict[str, Any]]:
     ]
 
 
-class RouterProcess:
-    def __init__(self, process: subprocess.Popen[bytes], host: str, port: int,
-                 log_path: Path) -> None:
-        self.process, self.host, self.port, self.log_path = process, host, port, log_path
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+class RouterProcess(GatewayProcess):
+    """`glm-operator gateway --router` as its own process: the gateway's process handling
+    (its log, /metrics, the SIGTERM stop), started with the router's flags."""
 
     @classmethod
-    def start(cls, args: Sequence[str], access: ApiAccess, log_dir: Path,
-              host: str = "127.0.0.1", port: int | None = None,
-              timeout: float = 60.0) -> RouterProcess:
+    def launch(cls, args: Sequence[str], access: ApiAccess, log_dir: Path,
+               host: str = "127.0.0.1", port: int | None = None,
+               timeout: float = 60.0) -> RouterProcess:
         """`args`: the router's flags (the rendered ones, or a bench's); the listen address
-        and the API access are this machine's."""
+        and the API access are this machine's. Returns once /readyz answers 200."""
         port = port or free_port()
         argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--router", *args,
                 "--host", host, "--port", str(port), *access.args()]
@@ -97,54 +88,13 @@ class RouterProcess:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True,
                                        env={**os.environ, "HOSTNAME": f"router-{port}"})
-        router = cls(process, host, port, log_path)
+        router = cls(process, port, log_path, host)
         try:
-            router.wait_ready(timeout)
+            router.wait("/readyz", timeout)
         except BaseException:
             router.stop()
             raise
         return router
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: object = None
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"router exited {self.process.returncode}:\n"
-                                   f"{self.log_text()[-3000:]}")
-            try:
-                status, last = http_json(self.url + "/readyz", timeout=2)
-                if status == 200:
-                    return
-            except (OSError, urllib.error.URLError) as exc:
-                last = exc
-            time.sleep(0.1)
-        raise RuntimeError(f"router not ready after {timeout:g} s ({last}):\n"
-                           f"{self.log_text()[-3000:]}")
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metrics_text(self) -> str:
-        status, text = http_json(self.url + "/metrics")
-        assert status == 200, status
-        return str(text)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-
-    def __enter__(self) -> RouterProcess:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 class EngineAtPodIP:
