@@ -1,0 +1,221 @@
+"""The Gateway API Inference Extension's endpoint picker (EPP) of one GLMService (pure).
+
+    <svc>-epp     Deployment (1 replica), Service, ConfigMap (its EndpointPickerConfig),
+                  ServiceAccount, Role, RoleBinding: the EPP in standalone mode, selecting
+                  the main pool's engine pods by label and scraping their gateways' /metrics.
+
+The router (render/routing.py) asks it which pod serves each request over ext-proc (gRPC),
+as an inference gateway would. Apart from the router's objects because the picker is the
+ecosystem's, not ours: its flags and config follow the Inference Extension's release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from glm_operator.config import ContainerResources, OperatorConfig
+from glm_operator.render.environment import render_object
+from glm_operator.render.meta import object_meta
+from glm_operator.render.names import (
+    COMPONENT_LABEL,
+    POOL_LABEL,
+    SERVICE_LABEL,
+    common_labels,
+    dns_name,
+    label_value,
+)
+from glm_operator.render.pod import container_security_context, pod_security_context
+from glm_operator.render.rbac import build_role, build_role_binding, build_service_account
+from glm_operator.wellknown import CONFIG_HASH_ANNOTATION, MAIN_POOL
+
+EPP_COMPONENT = "endpoint-picker"
+EPP_CONTAINER = "epp"
+# The EPP's ports, as its chart names them.
+EPP_GRPC_PORT = 9002  # ext-proc: the router asks it for a pod here
+EPP_HEALTH_PORT = 9003  # gRPC health
+EPP_METRICS_PORT = 9090
+EPP_CONFIG_DIR = "/etc/epp"
+EPP_CONFIG_KEY = "config.yaml"
+# The EPP with one replica answers its gRPC health under this service name (its chart's
+# probes; with leader election there are `liveness` and `readiness` instead).
+EPP_HEALTH_SERVICE = "inference-extension"
+# A picker pod that stops ends its in-flight picks at once: a router retries elsewhere.
+EPP_GRACE_SECONDS = 30
+
+
+def epp_name(service: str) -> str:
+    return dns_name(service, "epp")
+
+
+def epp_selector(service: str) -> dict[str, str]:
+    return {SERVICE_LABEL: label_value(service), COMPONENT_LABEL: EPP_COMPONENT}
+
+
+def engine_pods_selector(service: str) -> str:
+    """The main pool's engine pods, every version (the EPP's --endpoint-selector; the router
+    watches the same pods and reads each one's version label)."""
+    return f"{SERVICE_LABEL}={label_value(service)},{POOL_LABEL}={MAIN_POOL}"
+
+
+def endpoint_picker_config() -> dict[str, Any]:
+    """The EPP's EndpointPickerConfig (v1.2.0's schema), in one place to change.
+
+    Every pod gets a score per scorer, weighted; the picker takes the best. Prefix affinity
+    weighs most (3): a pod holding a request's prompt prefix in its KV cache skips that
+    prefill, the largest saving a pick can make for chats and agents that resend their
+    history. Queue (2) and KV-cache use (2) keep a hot pod from being chosen for its prefix
+    alone: a pod with waiting requests or a full cache would make the request wait or evict
+    what it holds. These are the weights of the EPP's own default profile: a full prefix
+    match outweighs either load signal alone, not both (every scorer gives 0..1).
+
+    The prefix scorer's autoTune is off: it would read the block size from the cache-info
+    metric, which our gateways do not export (epp_args turns it off); blockSize counts
+    characters of the prompt (64, about 16 tokens), lruCapacityPerServer blocks. The picker
+    returns one pod: the router sends the request there.
+    """
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            {"type": "prefix-cache-scorer",
+             "parameters": {"autoTune": False, "blockSize": 64, "maxPrefixBlocksToMatch": 256,
+                            "lruCapacityPerServer": 31250}},
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 1}},
+            {"type": "single-profile-handler"},
+        ],
+        "schedulingProfiles": [{
+            "name": "default",
+            "plugins": [
+                {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                {"pluginRef": "queue-scorer", "weight": 2},
+                {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                {"pluginRef": "max-score-picker"},
+            ],
+        }],
+    }
+
+
+def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
+    """The EPP's flags: standalone (no InferencePool: pods found by label, in
+    --pool-namespace), plain gRPC inside the cluster, and the metrics it scores on read from
+    our gateways' /metrics, which export the queue and KV-cache series for llama.cpp and vLLM
+    alike. No --pool-name: v1.2.0 refuses it beside --endpoint-selector (e2e/epp.py runs
+    this release with these flags)."""
+    port = str(config.gateway_port)
+    return [
+        "--pool-namespace", namespace,
+        "--endpoint-selector", engine_pods_selector(service),
+        "--endpoint-target-ports", port,
+        "--grpc-port", str(EPP_GRPC_PORT),
+        "--grpc-health-port", str(EPP_HEALTH_PORT),
+        "--metrics-port", str(EPP_METRICS_PORT),
+        # The router talks to it inside the cluster, over the pod network.
+        "--secure-serving=false",
+        # Scraped inside the cluster without a token (the EPP would check one with a
+        # TokenReview, which needs a ClusterRole).
+        "--metrics-endpoint-auth=false",
+        "--model-server-metrics-port", port,
+        "--model-server-metrics-path", "/metrics",
+        "--total-queued-requests-metric", "glm_gateway_requests_queued",
+        "--kv-cache-usage-percentage-metric", "glm_gateway_kv_cache_usage_ratio",
+        # Neither is exported by our gateways (no LoRA adapters; the KV block size is not
+        # needed with the prefix scorer's autoTune off): an empty name turns the scrape off.
+        "--lora-info-metric=",
+        "--cache-info-metric=",
+        "--tracing=false",  # no OpenTelemetry collector to export to
+        "--enable-pprof=false",
+        "--config-file", f"{EPP_CONFIG_DIR}/{EPP_CONFIG_KEY}",
+    ]
+
+
+def _grpc_probe(period: int, failures: int, delay: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {"grpc": {"port": EPP_HEALTH_PORT, "service": EPP_HEALTH_SERVICE},
+                             "periodSeconds": period, "timeoutSeconds": 5,
+                             "failureThreshold": failures}
+    if delay:
+        probe["initialDelaySeconds"] = delay
+    return probe
+
+
+def container_resources(r: ContainerResources) -> dict[str, dict[str, str]]:
+    return {"requests": {"cpu": r.cpu_request, "memory": r.memory_request},
+            "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit}}
+
+
+def _config_hash(text: str) -> str:
+    """The EPP reads its config file once: a changed config rolls its pod."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def epp_objects(service: str, namespace: str, config: OperatorConfig,
+                 owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    name = epp_name(service)
+    labels = common_labels(service, EPP_COMPONENT)
+    config_text = yaml.safe_dump(endpoint_picker_config(), sort_keys=False)
+    container = {
+        "name": EPP_CONTAINER,
+        "image": config.epp_image,
+        "args": epp_args(service, namespace, config),
+        "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {
+                    "fieldPath": "metadata.namespace"}}},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [{"name": "grpc", "containerPort": EPP_GRPC_PORT, "protocol": "TCP"},
+                  {"name": "grpc-health", "containerPort": EPP_HEALTH_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": EPP_METRICS_PORT, "protocol": "TCP"}],
+        "resources": container_resources(config.epp_resources),
+        "volumeMounts": [{"name": "config", "mountPath": EPP_CONFIG_DIR, "readOnly": True}],
+        "startupProbe": _grpc_probe(2, 30),
+        "readinessProbe": _grpc_probe(2, 3),
+        "livenessProbe": _grpc_probe(10, 3, delay=5),
+        "securityContext": container_security_context(config),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = {
+        "serviceAccountName": name,
+        "automountServiceAccountToken": True,  # it watches the engine pods
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(config),
+        "terminationGracePeriodSeconds": EPP_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": name}}],
+    }
+    # Its account, Role and config before the Deployment: a pod created before its
+    # ServiceAccount is refused (FailedCreate) until the ReplicaSet retries.
+    return [
+        build_service_account(name, namespace, labels, owner),
+        build_role(name, namespace, labels, owner, epp_rules()),
+        build_role_binding(name, namespace, labels, owner, name, name),
+        render_object("configmap.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
+                      data={EPP_CONFIG_KEY: config_text}),
+        render_object(
+            "component-deployment.yaml.j2",
+            metadata=object_meta(name, namespace, labels, owner),
+            replicas=1,
+            selector=epp_selector(service),
+            # One picker at a time: its prefix index is its own, two would halve each one's
+            # view (the EPP's chart does the same).
+            strategy={"type": "Recreate"},
+            pod_labels=dict(labels),
+            pod_annotations={CONFIG_HASH_ANNOTATION: _config_hash(config_text)},
+            pod_spec=pod_spec,
+        ),
+        render_object(
+            "service.yaml.j2",
+            metadata=object_meta(name, namespace, labels, owner),
+            selector=epp_selector(service),
+            ports=[{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc",
+                    "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+                   {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics",
+                    "protocol": "TCP"}],
+        ),
+    ]
+
+
+def epp_rules() -> list[dict[str, Any]]:
+    """The EPP watches the pods its selector names; label selectors cannot narrow RBAC."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
