@@ -328,16 +328,17 @@ async def test_weights_are_exact_and_the_pin_wins(scene: Scene) -> None:
     scene.publish_pods("a", "b", "c")
     served = [json.loads((await chat(scene))[2])["pod"] for _ in range(50)]
     assert served.count("c") == 10, served  # v2's 20 % of 50, exactly
-    # the picker saw only the chosen version's pods
+    # the picker saw only the chosen version's pods, and never v2's one pod (a forced pick)
+    assert [len(s) for s in scene.picker.subsets] == [2] * 40
     c_address = f"127.0.0.1:{scene.pods['c'].port}"
-    assert [len(s) for s in scene.picker.subsets].count(2) == 40
-    assert scene.picker.subsets.count([c_address]) == 10
+    assert not any(c_address in s for s in scene.picker.subsets)
     pinned = [await chat(scene, headers={"x-glm-version": "v2"}) for _ in range(10)]
     assert {json.loads(body)["pod"] for _, _, body in pinned} == {"c"}
     assert {headers["X-Glm-Version"] for _, headers, _ in pinned} == {"v2"}
     status, _, body = await chat(scene, headers={"x-glm-version": "v9"})
     assert status == 400 and b"unknown_version" in body and b"v1, v2" in body
-    assert counter(app, "glm_router_picks_total", reason="endpoint_picker") == 60
+    assert counter(app, "glm_router_picks_total", reason="endpoint_picker") == 40
+    assert counter(app, "glm_router_picks_total", reason="single") == 20
 
 
 async def test_the_picker_chooses_and_streams_are_relayed(scene: Scene) -> None:
@@ -363,11 +364,12 @@ async def test_a_failing_picker_fails_open_to_a_ready_pod(scene: Scene, picker: 
     app = await scene.start(picker="down" if picker == "down" else "up")
     scene.picker.delay = 2.0 if picker == "slow" else 0.0
     await scene.add_pod("a", "")
+    await scene.add_pod("b", "")  # two: with one the picker is not asked
     scene.publish_table(table_json({"v1": 100}))
-    scene.publish_pods("a")
+    scene.publish_pods("a", "b")
     started = asyncio.get_running_loop().time()
     status, _, body = await chat(scene)
-    assert status == 200 and json.loads(body)["pod"] == "a"
+    assert status == 200 and json.loads(body)["pod"] in ("a", "b")
     assert asyncio.get_running_loop().time() - started < 1.9  # the timeout, not the picker
     assert counter(app, "glm_router_picks_total", reason="fail_open") == 1
     reason = "timeout" if picker == "slow" else "unavailable"
@@ -376,13 +378,40 @@ async def test_a_failing_picker_fails_open_to_a_ready_pod(scene: Scene, picker: 
 
 async def test_a_failing_picker_fails_closed_with_retry_after(scene: Scene) -> None:
     await scene.start(picker="down", failure_mode="closed")
-    gateway = await scene.add_pod("a", "")
+    a, b = await scene.add_pod("a", ""), await scene.add_pod("b", "")
     scene.publish_table(table_json({"v1": 100}))
-    scene.publish_pods("a")
+    scene.publish_pods("a", "b")
     status, headers, body = await chat(scene)
     assert status == 503 and headers["Retry-After"] == "1"
     assert b"picker_unavailable" in body and b"FailClose" in body
-    assert not gateway.seen
+    assert not a.seen and not b.seen
+
+
+async def test_a_version_with_one_ready_pod_is_sent_there_without_asking_the_picker(
+        scene: Scene) -> None:
+    """The pick is forced, so the picker's round trip is saved (reason `single`); even a
+    picker slower than its timeout costs nothing then. Control: with a second ready pod the
+    same router asks the picker again."""
+    app = await scene.start()
+    scene.picker.delay = 2.0
+    a = await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    started = asyncio.get_running_loop().time()
+    for _ in range(3):
+        status, _, body = await chat(scene)
+        assert status == 200 and json.loads(body)["pod"] == "a"
+    assert asyncio.get_running_loop().time() - started < 0.4  # below one picker timeout
+    assert scene.picker.subsets == [] and len(a.seen) == 3
+    assert counter(app, "glm_router_picks_total", reason="single") == 3
+    scene.picker.delay = 0.0
+    b = await scene.add_pod("b", "")
+    scene.publish_pods("a", "b")
+    scene.picker.choose = f"127.0.0.1:{b.port}"
+    status, _, body = await chat(scene)
+    assert status == 200 and json.loads(body)["pod"] == "b"
+    assert scene.picker.subsets == [[f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]]
+    assert counter(app, "glm_router_picks_total", reason="endpoint_picker") == 1
 
 
 async def test_a_long_prompt_goes_straight_to_the_long_context_pool(scene: Scene) -> None:

@@ -240,6 +240,10 @@ class Dispatcher:
                       ) -> tuple[str | None, str]:
         if self.picker is None:
             return self._least_loaded(ready), "least_loaded"
+        if len(ready) == 1:
+            # The pick is forced: the picker's answer could only be this pod or a failure, and
+            # its round trip is most of what the router adds to a request.
+            return ready[0].address, "single"
         addresses = [e.address for e in ready]
         headers = {":method": "POST", ":path": request.path, ":authority": "router",
                    "content-type": "application/json"}

@@ -21,7 +21,7 @@ PROMPT_TOKENS_CACHED_TOTAL = "glm_router_prompt_tokens_cached_total"  # of them,
 PROMPT_CHARS_TOTAL = "glm_router_prompt_chars_total"  # label version
 PROMPT_CHARS_PREDICTED_TOTAL = "glm_router_prompt_chars_predicted_cached_total"  # label version
 
-PICK_REASONS = ("endpoint_picker", "fail_open", "least_loaded", "long_context")
+PICK_REASONS = ("endpoint_picker", "fail_open", "least_loaded", "long_context", "single")
 PICK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                 1.0)
 
