@@ -43,7 +43,7 @@ toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama
 	$(PY) -m e2e.toolchain build
 
 .PHONY: images
-images: deps toolchain ## Build the llama.cpp CPU and glm-operator images (podman storage under ~/.cache/glm-operator)
+images: deps toolchain ## Build the llama.cpp CPU, endpoint picker and glm-operator images (podman storage under ~/.cache/glm-operator)
 	$(PY) -m e2e.images build
 
 .PHONY: cluster-up

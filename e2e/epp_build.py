@@ -47,6 +47,10 @@ def build_epp(version: str, out: Path, work: Path) -> None:
     info = _module_info(name, f"{MODULE}@{version}", work)
     src = work / "gaie"
     copy_source(Path(info["Dir"]), src)
-    ldflags = (f"-s -w -X {MODULE}/version.CommitSHA=module-proxy-{version} "
-               f"-X {MODULE}/version.BuildRef={version}")
-    _go_build_with_progress(name, src, ["./cmd/epp"], out, ldflags)
+    _go_build_with_progress(name, src, ["./cmd/epp"], out, ldflags(version))
+
+
+def ldflags(version: str) -> str:
+    """Stripped, with the version stamps (runtime-images/epp builds with the same)."""
+    return (f"-s -w -X {MODULE}/version.CommitSHA=module-proxy-{version} "
+            f"-X {MODULE}/version.BuildRef={version}")

@@ -1,6 +1,6 @@
 """Build the runtime images locally, from Debian's packages, with no registry and no Docker.
 
-    python -m e2e.images build      # (make images) base, llama.cpp CPU and glm-operator images
+    python -m e2e.images build      # (make images) base, llama.cpp CPU, EPP, glm-operator images
     python -m e2e.images build-cuda # the CUDA llama.cpp image's test build (see below)
     python -m e2e.images podman -- images    # podman on the same private storage
 
@@ -10,11 +10,12 @@
   `debian:12.11-slim`, so users' builds are unchanged.
 - The images: `buildah bud --pull=never --isolation chroot`, target `runtime-prebuilt`: the
   llama.cpp image copies the llama-server the toolchain compiled (e2e/llama_build.py, the same
-  sdist and flags as the image's own `build` stage), the glm-operator image installs wheels
+  sdist and flags as the image's own `build` stage), the endpoint picker's the toolchain's
+  `epp` (e2e/epp_build.py, likewise), the glm-operator image installs wheels
   `pip wheel` made here (the build containers cannot verify PyPI's certificate; this host can).
   They are tagged exactly as the operator renders them by default
-  (`ghcr.io/glm-operator/llama-server-cpu:<version>`, `.../glm-operator:<version>`), so a
-  rendered pod spec runs as it is.
+  (`ghcr.io/glm-operator/llama-server-cpu:<version>`, `.../endpoint-picker:<version>`,
+  `.../glm-operator:<version>`), so a rendered pod spec runs as it is.
 - Storage: a podman/buildah storage of its own under
   ~/.cache/glm-operator/images-<hash>/ (the hash of the base's inputs), never the machine's.
   Each image is also tagged `inputs-<hash>`, the hash of its Dockerfile, its context files and
@@ -468,6 +469,21 @@ def python_spec() -> ImageSpec:
                      OperatorConfig().operator_image)
 
 
+def epp_spec() -> ImageSpec:
+    """Tagged as the operator renders it by default (config eppImage)."""
+    return ImageSpec("epp", IMAGES_DIR / "epp" / "Dockerfile", OperatorConfig().epp_image)
+
+
+def _epp_context(work: Path) -> Path:
+    """The Dockerfile and the picker the toolchain built (prebuilt/epp)."""
+    built = toolchain.ensure("epp")
+    context = work / "epp"
+    (context / "prebuilt").mkdir(parents=True)
+    shutil.copy2(epp_spec().dockerfile, context / "Dockerfile")
+    shutil.copy2(built / "epp", context / "prebuilt" / "epp")
+    return context
+
+
 def _llama_context(work: Path) -> Path:
     """The Dockerfile and the binaries the toolchain built (prebuilt/llama-server,
     prebuilt/ggml-rpc-server)."""
@@ -554,7 +570,7 @@ def store_free_run(cmd: Sequence[str], step: str, timeout: float = 900) -> None:
 
 
 def build_all() -> list[Built]:
-    """The base and both images, each built only when its inputs changed."""
+    """The base and the three images, each built only when its inputs changed."""
     store = Store.default()
     store.prepare()
     with store.locked(), tempfile.TemporaryDirectory(prefix="glm-images-") as tmp:
@@ -567,6 +583,11 @@ def build_all() -> list[Built]:
         inputs = llama.inputs_hash(base_id, context_files(context))
         built.append(reuse(store, llama, inputs)
                      or build_image(store, llama, context, base.reference, inputs))
+        epp = epp_spec()
+        context = _epp_context(work)
+        inputs = epp.inputs_hash(base_id, context_files(context))
+        built.append(reuse(store, epp, inputs)
+                     or build_image(store, epp, context, base.reference, inputs))
         python = python_spec()
         inputs = python.inputs_hash(base_id, _python_inputs())
         built.append(reuse(store, python, inputs)

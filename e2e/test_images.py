@@ -14,10 +14,15 @@ One flow, every part real:
    kubelet calls it, a chat request through the gateway port is answered, and the engine's
    port cannot be reached from outside the pod, and the gateway sends the answer over the
    engine's abstract Unix socket, which only the pod's containers share;
-4. the GLMService turns Ready.
+4. the GLMService turns Ready;
+5. switched to `spec.routing.mode: EndpointPicker`, the endpoint picker Deployment it renders is
+   played with the picker image built for it (runtime-images/epp): its gRPC probes pass, it runs
+   locked down as uid 65532, and with its own ServiceAccount token it finds the service's engine
+   pod in the cluster and answers an ext-proc pick with that pod's address.
 
 What the test adds is only what a kubelet adds to a pod: the ServiceAccount token mount and the
 KUBERNETES_SERVICE_* variables (automountServiceAccountToken), the /dev/termination-log file,
+ConfigMap volumes written out as files, the downward API's values,
 the volumes' group ownership (fsGroup; podman ignores it), and the probe calls (podman runs
 only some probes, through curl inside the container, and only with systemd timers).
 """
@@ -36,13 +41,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from glm_operator.render.engine_args import ENGINE_SOCKET, RPC_SERVER
+from glm_operator.wellknown import COMPONENT_LABEL, MAIN_POOL, POOL_LABEL
 
 from e2e import images
 from e2e.conftest import in_ci
-from e2e.kubectl import Kubectl, wait_for
+from e2e.epp import pick
+from e2e.kubectl import Kubectl, WaitTimeout, wait_for
 from e2e.models import TinyLlamaSpec, write_tiny_llama
 from e2e.operator_fixtures import glm_crds  # noqa: F401 (fixture)
 from e2e.ports import free_port
@@ -192,25 +200,47 @@ def http_status(url: str, timeout: float, body: dict[str, Any] | None = None
         return exc.code, exc.read()
 
 
+def grpc_health(port: int, service: str, timeout: float) -> bool:
+    """grpc.health.v1 Check as the kubelet's grpc probe sends it: SERVING is `08 01`."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        request = b"\x0a" + bytes([len(service)]) + service.encode() if service else b""
+        try:
+            return bool(check(request, timeout=timeout) == b"\x08\x01")
+        except grpc.RpcError:
+            return False
+
+
 def kubelet_probe(pod_ip: str, container: dict[str, Any], probe: dict[str, Any]) -> None:
-    """An httpGet probe as the kubelet runs it: the pod IP, the port (a name resolves among the
-    container's own ports), success on 200-399 within timeoutSeconds; failureThreshold tries
-    periodSeconds apart before it counts as failed."""
-    get = probe["httpGet"]
-    port = get["port"]
+    """An httpGet or grpc probe as the kubelet runs it: the pod IP, the port (a name resolves
+    among the container's own ports), success on 200-399 (grpc: SERVING for the probe's
+    service) within timeoutSeconds; failureThreshold tries periodSeconds apart before it
+    counts as failed."""
+    kind = "grpc" if "grpc" in probe else "httpGet"
+    port = probe[kind]["port"]
     if isinstance(port, str):
         port = next(p["containerPort"] for p in container.get("ports", []) if p["name"] == port)
-    url = f"http://{pod_ip}:{port}{get['path']}"
+    timeout = probe.get("timeoutSeconds", 1)
     period, tries = probe.get("periodSeconds", 10), probe.get("failureThreshold", 3)
+    if kind == "grpc":
+        # A kubelet dials the pod IP; the pods here run on the host network.
+        what = f"{container['name']} grpc probe :{port} {probe['grpc'].get('service', '')!r}"
 
-    def passes() -> bool:
-        try:
-            return 200 <= http_status(url, probe.get("timeoutSeconds", 1))[0] < 400
-        except OSError:
-            return False
+        def passes() -> bool:
+            return grpc_health(port, probe["grpc"].get("service", ""), timeout)
+    else:
+        url = f"http://{pod_ip}:{port}{probe['httpGet']['path']}"
+        what = f"{container['name']} probe {url}"
+
+        def passes() -> bool:
+            try:
+                return 200 <= http_status(url, timeout)[0] < 400
+            except OSError:
+                return False
     # Polled faster than periodSeconds (the test waits less), never longer than the kubelet.
-    wait_for(passes, timeout=period * tries, interval=min(period, 1.0),
-             what=f"{container['name']} probe {url}")
+    wait_for(passes, timeout=period * tries, interval=min(period, 1.0), what=what)
 
 
 @dataclass(frozen=True)
@@ -274,6 +304,37 @@ def kubelet_additions(pod: dict[str, Any], workdir: Path, kubectl: Kubectl,
             {"name": "termination-log", "mountPath": "/dev/termination-log"}]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod["metadata"]["name"]}, "spec": spec}
+
+
+def without_host_ports(manifest: dict[str, Any]) -> dict[str, Any]:
+    """containerPorts only inform a kubelet; `podman kube play` publishes each on the host,
+    which fails where another process holds the port (and the host network refuses it). The
+    probes still resolve port names from the rendered containers."""
+    manifest = json.loads(json.dumps(manifest))
+    spec = manifest["spec"].get("template", manifest)["spec"]
+    for container in spec["containers"]:
+        container.pop("ports", None)
+    return manifest
+
+
+def project_config_maps(pod: dict[str, Any], workdir: Path, kubectl: Kubectl,
+                        namespace: str) -> dict[str, Any]:
+    """The pod with each configMap volume written out as a kubelet projects it (one file per
+    key, readable by the pod's user) and mounted from there."""
+    pod = json.loads(json.dumps(pod))
+    for volume in pod["spec"].get("volumes", []):
+        if "configMap" not in volume:
+            continue
+        data = kubectl.get_json("configmap", volume["configMap"]["name"], "-n",
+                                namespace).get("data", {})
+        folder = workdir / f"configmap-{volume['name']}"
+        folder.mkdir()
+        for key, value in data.items():
+            (folder / key).write_text(value)
+            (folder / key).chmod(0o644)
+        del volume["configMap"]
+        volume["hostPath"] = {"path": str(folder), "type": "Directory"}
+    return pod
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -357,7 +418,7 @@ def test_rendered_pods_run_the_built_images(
                 "metadata": {"name": deployment["metadata"]["name"],
                              "labels": deployment["metadata"]["labels"]},
                 "spec": {k: deployment["spec"][k] for k in ("replicas", "selector", "template")}}
-    pod_name = podman.play(rendered, workdir)
+    pod_name = podman.play(without_host_ports(rendered), workdir)
     pod_ip = podman.inspect(
         podman("pod", "inspect", "--format", "{{.InfraContainerID}}", pod_name).strip(),
         "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
@@ -400,3 +461,69 @@ def test_rendered_pods_run_the_built_images(
                                "Ready").get("status") == "True",
              timeout=120, what=f"GLMService {service_name} Ready")
     assert podman.inspect(operator, "{{.State.Running}}") == "true"
+
+    # 5. The endpoint picker the operator renders for spec.routing.mode EndpointPicker, from
+    # the image built for it: it finds the service's engine pod with its own ServiceAccount
+    # and answers a pick with that pod's address.
+    (workdir / "epp").mkdir()
+    run_endpoint_picker(podman, kubectl, namespace, service_name, workdir / "epp",
+                        built["epp"].reference)
+
+
+EPP_COMPONENT = "endpoint-picker"
+# The ports the rendered picker listens on (its chart's), taken on the host network here.
+EPP_PORTS = (9002, 9003, 9090)
+
+
+def run_endpoint_picker(podman: Podman, kubectl: Kubectl, namespace: str, service: str,
+                        workdir: Path, image: str) -> None:
+    kubectl("patch", "glmservice", service, "-n", namespace, "--type", "merge",
+            "-p", json.dumps({"spec": {"routing": {"mode": "EndpointPicker"}}}))
+
+    def rendered() -> dict[str, Any] | None:
+        found = kubectl.items("deployments", "-n", namespace, "-l",
+                              f"{COMPONENT_LABEL}={EPP_COMPONENT}")
+        return found[0] if found else None
+    deployment = wait_for(rendered, timeout=60, what="the endpoint picker Deployment")
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    assert container["image"] == image
+    for port in EPP_PORTS:  # a clear failure, not a picker that cannot bind
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0, \
+                f"port {port} is taken on this host: the picker runs on the host network"
+    pod = project_config_maps({"metadata": {"name": deployment["metadata"]["name"]},
+                               "spec": template["spec"]}, workdir, kubectl, namespace)
+    pod = kubelet_additions(pod, workdir, kubectl, namespace)
+    # The downward API, as the kubelet resolves it for the Deployment's pod in the cluster
+    # (the picker derives its Deployment's name from its pod's).
+    cluster_pod = wait_for(lambda: kubectl.items("pods", "-n", namespace, "-l",
+                                                 f"{COMPONENT_LABEL}={EPP_COMPONENT}"),
+                           timeout=60, what="the endpoint picker's pod")[0]["metadata"]
+    fields = {"metadata.name": cluster_pod["name"], "metadata.namespace": namespace}
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": e["name"], "value": fields[e["valueFrom"]["fieldRef"]["fieldPath"]]}
+        if "valueFrom" in e else e for e in pod["spec"]["containers"][0]["env"]]
+    picker = f"{podman.play(without_host_ports(pod), workdir, '--network', 'host')}-" \
+             f"{container['name']}"
+    try:
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            kubelet_probe("127.0.0.1", container, container[kind])
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}\npicker log:\n{podman.logs(picker)[-3000:]}") from exc
+    assert_locked_down(podman, picker)
+
+    engines = [p for p in kubectl.items("pods", "-n", namespace, "-l",
+                                        f"{POOL_LABEL}={MAIN_POOL}")
+               if p["status"].get("podIP")]
+    assert engines, "no engine pod with an IP in the cluster"
+    expected = {f"{p['status']['podIP']}:8080" for p in engines}
+
+    def picked() -> str | None:
+        with grpc.insecure_channel(f"127.0.0.1:{EPP_PORTS[0]}") as channel:
+            endpoint = pick(channel, service, "Hello from the picker's image.").endpoint
+        return endpoint if endpoint in expected else None
+    try:
+        wait_for(picked, timeout=30, interval=1.0, what=f"a pick of one of {sorted(expected)}")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}\npicker log:\n{podman.logs(picker)[-3000:]}") from exc

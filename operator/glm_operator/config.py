@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from glm_operator import __version__
@@ -100,9 +107,13 @@ class ContainerResources(BaseModel):
     memory_limit: str = "512Mi"
 
 
-# The Gateway API Inference Extension's endpoint picker (spec.routing.mode EndpointPicker):
-# the release whose flags and EndpointPickerConfig render/routing.py writes.
-DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+# The Gateway API Inference Extension's endpoint picker (spec.routing.mode EndpointPicker),
+# built by runtime-images/epp from the release whose flags and EndpointPickerConfig
+# render/routing.py writes, and published beside our other images: `<imageRegistry>/
+# endpoint-picker:<imageTag>`, so one registry override (or mirror) covers every image.
+EPP_IMAGE_NAME = "endpoint-picker"
+# Upstream's build of the same release, for eppImage where our registry is not reachable.
+UPSTREAM_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
 
 
 def _router_resources() -> ContainerResources:
@@ -192,7 +203,8 @@ class OperatorConfig(BaseModel):
     gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
     # spec.routing.mode EndpointPicker: the router runs the operator's own image
     # (`glm-operator gateway --router`), the endpoint picker this one.
-    epp_image: str = Field(default=DEFAULT_EPP_IMAGE, min_length=1)
+    # Empty: `<imageRegistry>/endpoint-picker:<imageTag>` (_derived_images).
+    epp_image: str = Field(default="", min_length=1)
     router_resources: ContainerResources = Field(default_factory=_router_resources)
     epp_resources: ContainerResources = Field(default_factory=_epp_resources)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
@@ -205,6 +217,21 @@ class OperatorConfig(BaseModel):
     capability_recheck_seconds: float = Field(default=60.0, gt=0, le=3600)
 
     _profiles: Mapping[str, AcceleratorProfile] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_images(cls, data: Any) -> Any:
+        """eppImage follows imageRegistry and imageTag unless it is set (field names or
+        aliases: populate_by_name). Values of the wrong type are left to the fields'
+        own errors."""
+        if not isinstance(data, Mapping) or data.get("eppImage") or data.get("epp_image"):
+            return data
+        registry = data.get("imageRegistry", data.get("image_registry", DEFAULT_IMAGE_REGISTRY))
+        tag = data.get("imageTag", data.get("image_tag", __version__))
+        if not (isinstance(registry, str) and isinstance(tag, str)):
+            return data
+        rest = {k: v for k, v in data.items() if k not in ("eppImage", "epp_image")}
+        return {**rest, "eppImage": f"{registry.rstrip('/')}/{EPP_IMAGE_NAME}:{tag}"}
 
     @field_validator("image_tag")
     @classmethod

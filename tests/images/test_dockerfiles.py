@@ -26,6 +26,7 @@ EXPECTED = {
     "vllm-cuda": IMAGES / "vllm" / "Dockerfile.cuda",
     "vllm-ascend": IMAGES / "vllm" / "Dockerfile.ascend",
     "python": IMAGES / "python" / "Dockerfile",
+    "epp": IMAGES / "epp" / "Dockerfile",
 }
 LLAMA_IMAGES = ["llamacpp-cpu", "llamacpp-cuda", "llamacpp-cann"]
 
@@ -92,6 +93,24 @@ def test_python_image_runs_glm_operator_at_the_project_version() -> None:
     assert exec_form(entrypoints[-1].value) == ["glm-operator"]
 
 
+def test_epp_image_builds_the_pinned_module_as_the_toolchain_does() -> None:
+    """The release render/routing.py writes flags for, with the toolchain's ldflags (so the
+    binary the e2e tests run is the one the image ships)."""
+    from e2e.epp_build import MODULE, ldflags
+
+    dockerfile = parse(EXPECTED["epp"].read_text())
+    version = dockerfile.args()["GAIE_VERSION"]
+    assert version == _versions()["epp"]
+    build = next(s for s in dockerfile.stages if s.name == "build")
+    run = " ".join(i.value for i in build.instructions if i.keyword == "RUN")
+    assert f'"{MODULE}@${{GAIE_VERSION}}"' in run and "./cmd/epp" in run
+    flags = run.split('-ldflags="', 1)[1].split('"', 1)[0]
+    assert " ".join(flags.replace("\\", " ").split()) == \
+        ldflags("${GAIE_VERSION}")
+    env = " ".join(i.value for i in build.instructions if i.keyword == "ENV")
+    assert "CGO_ENABLED=0" in env and "-trimpath" in env
+
+
 @pytest.mark.parametrize("image", ["vllm-cuda", "vllm-ascend"])
 def test_vllm_images_have_the_ray_that_groups_start(image: str) -> None:
     """Multi-node vLLM groups run `ray start` from the engine image; an image without Ray
@@ -111,7 +130,10 @@ def test_vllm_images_have_the_ray_that_groups_start(image: str) -> None:
 # The images the test suite builds: `runtime` (the default) builds from source, the tests'
 # `runtime-prebuilt` takes the same thing from the build context. Nothing else may differ.
 PREBUILT = {"llamacpp-cpu": ("prebuilt/llama-server", "build"),
-            "python": ("install-prebuilt", "install")}
+            "python": ("install-prebuilt", "install"),
+            "epp": ("prebuilt/epp", "build")}
+# Upstream images a build stage starts from besides the Debian base: the picker's Go toolchain.
+BUILD_BASES = {"epp": {"${GO_IMAGE}"}}
 
 
 @pytest.mark.parametrize("image", sorted(PREBUILT))
@@ -140,7 +162,8 @@ def test_built_images_take_their_base_as_an_argument(image: str) -> None:
     assert parse(text).global_args["BASE"] == "debian:12.11-slim"
     bases = {line.split()[1] for line in text.splitlines() if line.startswith("FROM ")}
     stage_names = {s.name for s in parse(text).stages if s.name}
-    assert bases - stage_names == {"${BASE}"}, "every upstream stage starts FROM ${BASE}"
+    assert bases - stage_names == {"${BASE}", *BUILD_BASES.get(image, ())}, \
+        "every upstream stage but a compiler's starts FROM ${BASE}"
 
 
 @pytest.mark.parametrize(

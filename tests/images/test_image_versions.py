@@ -62,6 +62,7 @@ def test_chart_defaults_render_the_operator_defaults() -> None:
     assert values["image"]["tag"] == ""
     config = OperatorConfig()
     assert config.operator_image == f"{DEFAULT_IMAGE_REGISTRY}/glm-operator:{__version__}"
+    assert config.epp_image == f"{DEFAULT_IMAGE_REGISTRY}/endpoint-picker:{__version__}"
     assert all(image.endswith(f":{__version__}") for image in runtime_images().values())
 
 
@@ -88,7 +89,8 @@ def _documented_tags() -> dict[str, str]:
 def test_documented_builds_tag_the_images_as_the_operator_renders_them() -> None:
     tags = _documented_tags()
     rendered = {**runtime_images(DEFAULT_IMAGE_REGISTRY),
-                "glm-operator": OperatorConfig().operator_image}
+                "glm-operator": OperatorConfig().operator_image,
+                "endpoint-picker": OperatorConfig().epp_image}
     for image in rendered.values():
         name, tag = image.removeprefix(f"{DEFAULT_IMAGE_REGISTRY}/").split(":")
         assert tags.get(name) == tag, f"docs/images.md builds {name}:{tags.get(name)}, " \
@@ -104,6 +106,17 @@ def test_documented_builds_tag_the_images_as_the_operator_renders_them() -> None
 def test_every_rendered_llama_image_has_its_dockerfile(image: str) -> None:
     assert image in runtime_images()
     assert LLAMA_DOCKERFILES[image].exists()
+
+
+def test_the_endpoint_picker_follows_the_image_registry_unless_set() -> None:
+    mirrored = OperatorConfig(imageRegistry="mirror.example/glm/", imageTag="0.2.0")
+    assert mirrored.epp_image == "mirror.example/glm/endpoint-picker:0.2.0"
+    assert mirrored.operator_image == "mirror.example/glm/glm-operator:0.2.0"
+    upstream = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    assert OperatorConfig(imageRegistry="mirror.example/glm", eppImage=upstream).epp_image \
+        == upstream
+    with pytest.raises(ValueError, match="eppImage"):
+        OperatorConfig(eppImage="mirror.example/epp:latest")
 
 
 def test_the_version_check_catches_a_stale_pin(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def test_the_picker_selects_the_main_pools_engine_pods_and_scores_on_gateway_met
     objects = picker_service()
     epp = find(objects, "Deployment", "chat-epp")
     c = container(epp, "epp")
-    assert c["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    assert c["image"] == "ghcr.io/glm-operator/endpoint-picker:0.1.0"  # our build, our registry
     args = c["args"]
     assert option(args, "--endpoint-selector") == \
         "glm-operator.dev/service=chat,glm-operator.dev/pool=main"
