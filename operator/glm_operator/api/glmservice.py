@@ -17,6 +17,8 @@ from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_v
 
 from glm_operator.api.base import (
     API_VERSION,
+    DNS_LABEL_PATTERN,
+    DNS_SUBDOMAIN_PATTERN,
     RESERVED_LABEL_PREFIXES,
     Duration,
     FreeFormObject,
@@ -284,6 +286,9 @@ class RoutingMode(StrEnum):
 
     SERVICE = "Service"  # the Service spreads connections over ready engine pods
     ENDPOINT_PICKER = "EndpointPicker"  # a router asks an endpoint picker for each request
+    # The platform's inference gateway (Gateway API Inference Extension) routes: the operator
+    # writes an InferencePool per version and an HTTPRoute to them, no router.
+    INFERENCE_GATEWAY = "InferenceGateway"
 
 
 class FailureMode(StrEnum):
@@ -296,11 +301,61 @@ class FailureMode(StrEnum):
 MAX_ROUTER_REPLICAS = 16
 
 
+GATEWAY_REF_NEEDS_MODE = (
+    "spec.routing.gatewayRef is read only with spec.routing.mode InferenceGateway: set "
+    "routing.mode: InferenceGateway, or remove routing.gatewayRef")
+MODE_NEEDS_GATEWAY_REF = (
+    "spec.routing.mode InferenceGateway needs spec.routing.gatewayRef: name the Gateway "
+    "(name, and namespace and sectionName where needed) whose HTTPRoute should carry the "
+    "service, or choose mode Service or EndpointPicker")
+HOSTNAMES_NEED_MODE = (
+    "spec.routing.hostnames are the HTTPRoute's, written only with spec.routing.mode "
+    "InferenceGateway: set mode InferenceGateway, or remove hostnames")
+# Gateway API's own patterns (gateway.networking.k8s.io/v1 SectionName and Hostname).
+SECTION_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
+HOSTNAME_PATTERN = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+MAX_HOSTNAMES = 16
+
+
+class GatewayRef(SpecModel):
+    """The Gateway (Gateway API) whose inference extension routes the service: the parent of
+    the HTTPRoute the operator writes (spec.routing.mode InferenceGateway)."""
+
+    name: ObjectName = Field(description="The Gateway's name.")
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN,
+        description="The Gateway's namespace (default: the GLMService's). A Gateway in "
+        "another namespace must allow routes from this one (its listener's allowedRoutes).")
+    section_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=SECTION_NAME_PATTERN,
+        description="One listener of the Gateway, by name (default: every listener that "
+        "accepts the route).")
+
+
 class Routing(SpecModel):
     """LLM-aware routing: a router in front of the main pool asks an endpoint picker (the
     Gateway API Inference Extension's EPP) which pod should serve each request, from the
     pods' queues, KV-cache use and prompt-prefix affinity; it also splits traffic between
-    versions by the rollout's weights and wakes a main pool scaled to zero."""
+    versions by the rollout's weights and wakes a main pool scaled to zero. Or, where the
+    platform runs an inference gateway (Istio, agentgateway, NGINX Gateway Fabric), that
+    gateway asks the pickers and splits the versions, from the InferencePools and the
+    HTTPRoute the operator writes (mode InferenceGateway)."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.gatewayRef) || "
+                         "(has(self.mode) && self.mode == 'InferenceGateway')",
+                 "message": GATEWAY_REF_NEEDS_MODE, "fieldPath": ".gatewayRef"},
+                {"rule": "!has(self.mode) || self.mode != 'InferenceGateway' || "
+                         "has(self.gatewayRef)",
+                 "message": MODE_NEEDS_GATEWAY_REF, "fieldPath": ".mode"},
+                {"rule": "!has(self.hostnames) || "
+                         "(has(self.mode) && self.mode == 'InferenceGateway')",
+                 "message": HOSTNAMES_NEED_MODE, "fieldPath": ".hostnames"},
+            ]
+        }
+    }
 
     mode: RoutingMode = Field(
         default=RoutingMode.SERVICE,
@@ -311,13 +366,28 @@ class Routing(SpecModel):
         "Deployments and a hop, so opt in where replicas are above 1 (the picker keeps a "
         "conversation's prefix on the pod that has it cached and avoids busy pods) or for "
         "scale from zero (autoscaling.minReplicas 0 needs it: the router holds requests "
-        "while the pool wakes).",
+        "while the pool wakes). InferenceGateway: the Gateway named by gatewayRef routes, "
+        "through an InferencePool and an endpoint picker per version and an HTTPRoute with "
+        "the rollout's weights (needs the InferencePool and HTTPRoute CRDs; no router, no "
+        "scale from zero).",
     )
     failure_mode: FailureMode = Field(
         default=FailureMode.FAIL_OPEN,
         description="When the endpoint picker does not answer in time or is down: FailOpen "
         "(default) sends the request to any ready pod of the version the weights chose; "
-        "FailClose answers 503 with Retry-After.",
+        "FailClose answers 503 with Retry-After. With InferenceGateway it is each "
+        "InferencePool's endpointPickerRef.failureMode, which the gateway applies.",
+    )
+    gateway_ref: GatewayRef | None = Field(
+        default=None,
+        description="mode InferenceGateway (required there, refused otherwise): the Gateway "
+        "whose HTTPRoute carries the service.",
+    )
+    hostnames: list[str] | None = Field(
+        default=None, min_length=1, max_length=MAX_HOSTNAMES,
+        description="mode InferenceGateway: the HTTPRoute's hostnames (default: the "
+        "service's cluster host, <name>.<namespace>.svc.<clusterDomain>).",
+        json_schema_extra={"items": {"maxLength": 253, "pattern": HOSTNAME_PATTERN}},
     )
     router_replicas: int = Field(
         default=2, ge=1, le=MAX_ROUTER_REPLICAS,
@@ -335,6 +405,27 @@ class Routing(SpecModel):
         description="Requests each router pod holds while a pool wakes from zero or has no "
         "ready pod; one more is answered 503.",
     )
+
+    @field_validator("hostnames")
+    @classmethod
+    def _hostnames(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or []:
+            if len(name) > 253 or not re.match(HOSTNAME_PATTERN, name):
+                raise ValueError(f"routing.hostnames: {name!r} is not a hostname (Gateway "
+                                 "API's Hostname: lower-case DNS labels, optionally *. first)")
+        return names
+
+    @model_validator(mode="after")
+    def _gateway_mode(self) -> Routing:
+        """The CEL rules on gatewayRef, mode and hostnames, mirrored."""
+        gateway = self.mode == RoutingMode.INFERENCE_GATEWAY
+        if self.gateway_ref is not None and not gateway:
+            raise ValueError(GATEWAY_REF_NEEDS_MODE)
+        if gateway and self.gateway_ref is None:
+            raise ValueError(MODE_NEEDS_GATEWAY_REF)
+        if self.hostnames is not None and not gateway:
+            raise ValueError(HOSTNAMES_NEED_MODE)
+        return self
 
 
 
@@ -1321,6 +1412,11 @@ class GLMServiceSpec(SpecModel):
     def endpoint_picker(self) -> bool:
         """Requests go through the router and the endpoint picker (spec.routing.mode)."""
         return self.routing.mode == RoutingMode.ENDPOINT_PICKER
+
+    @property
+    def inference_gateway(self) -> bool:
+        """The platform's inference gateway routes, from InferencePools and an HTTPRoute."""
+        return self.routing.mode == RoutingMode.INFERENCE_GATEWAY
 
     @property
     def main_pool_may_sleep(self) -> bool:

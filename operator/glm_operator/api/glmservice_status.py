@@ -32,6 +32,8 @@ class GLMServiceConditionType(StrEnum):
     RESOLVED_REFS = "ResolvedRefs"  # the Secrets the pods read exist (False names the missing)
     # Abnormal-true, like Degraded: True (a warning) while the endpoint serves anyone.
     OPEN_ACCESS = "OpenAccess"
+    # spec.routing.mode InferenceGateway: the gateway accepted every InferencePool.
+    GATEWAY_ACCEPTED = "GatewayAccepted"
 
 
 class RolloutPhase(StrEnum):
