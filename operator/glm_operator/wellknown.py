@@ -20,6 +20,8 @@ SERVICE_LABEL: Final = f"{PREFIX}/service"
 VERSION_LABEL: Final = f"{PREFIX}/version"
 POOL_LABEL: Final = f"{PREFIX}/pool"
 MODEL_VERSION_LABEL: Final = f"{PREFIX}/model-version"  # children of a ModelVersion
+# On an InferencePool's endpoint picker: the pool it serves (spec.routing.mode InferenceGateway).
+INFERENCE_POOL_LABEL: Final = f"{PREFIX}/inference-pool"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "glm-operator"

@@ -26,6 +26,7 @@ from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import KubeClient
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.groups import LEADER_WORKER_SET_CRD
+from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
 from glm_operator.render.keda import SCALED_OBJECT_CRD
 from glm_operator.render.service import Capabilities
 
@@ -57,6 +58,8 @@ class Runtime:
                    and self.kube.crd_established("destinationrules.networking.istio.io", ttl)),
             keda=self.kube.crd_established(SCALED_OBJECT_CRD, ttl),
             leader_worker_set=self.kube.crd_established(LEADER_WORKER_SET_CRD, ttl),
+            inference_crds=frozenset(crd for crd in INFERENCE_GATEWAY_CRDS
+                                     if self.kube.crd_established(crd, ttl)),
         )
 
     def remember_indexes(self, indexes: Mapping[str, Any]) -> None:

@@ -7,6 +7,7 @@ order; an existing one keeps its own), stamped with the spec's generation:
     ResolvedRefs, OpenAccess                       the Secrets it names, who it serves
     CanaryProgressing, Progressing                 the rollout (one phase -> reason table)
     Autoscaling, TrafficSplit                      what was rendered, as render chose it
+    GatewayAccepted                                the inference gateway's word on its pools
     Ready, Degraded                                the main pool's pods
 
 `Unknown` (None here) says that no answer can be given yet, e.g. Planned while the wanted
@@ -31,6 +32,7 @@ from glm_operator.api import (
 )
 from glm_operator.api.conditions import Condition, get_condition, remove_condition
 from glm_operator.api.glmservice_status import FINISHED_PHASES
+from glm_operator.decide.gateway import GatewayFacts, pool_acceptance
 from glm_operator.decide.observed import ObservedChildren, rolled_out
 from glm_operator.decide.references import References
 from glm_operator.decide.rollout import RolloutDecision
@@ -100,6 +102,7 @@ class ConditionInputs:
     router: bool = False  # spec.routing.mode EndpointPicker: the router splits the versions
     # Scale from zero: the serving version's main pool sleeps (or is put to sleep now).
     main_pool_asleep: bool = False
+    gateway: GatewayFacts | None = None  # spec.routing.mode InferenceGateway
 
 
 def service_conditions(previous: Sequence[Condition], generation: int | None, now: datetime,
@@ -119,6 +122,7 @@ def service_conditions(previous: Sequence[Condition], generation: int | None, no
     if service.spec.autoscaling is None:
         conditions.remove(C.AUTOSCALING)
     _traffic_condition(conditions, facts)
+    _gateway_condition(conditions, facts)
     _progress_condition(conditions, facts)
     if facts.decision is not None and facts.decision.status.strategy == "canary":
         conditions.set(C.CANARY_PROGRESSING, *_canary_condition(facts.decision.status))
@@ -227,6 +231,24 @@ def _scaler_condition(conditions: Conditions, autoscaled: tuple[Render, Rendered
 def _traffic_condition(conditions: Conditions, facts: ConditionInputs) -> None:
     decision, stable = facts.decision, facts.versions.stable_name
     wanted = facts.versions.wanted.name
+    gateway = facts.gateway
+    if gateway is not None and gateway.missing_crds:
+        conditions.set(C.TRAFFIC_SPLIT, False, "InferenceGatewayCRDsMissing",
+                       f"spec.routing.mode InferenceGateway needs "
+                       f"{', '.join(gateway.missing_crds)}, not served in this cluster: "
+                       "install the Gateway API Inference Extension's CRDs and Gateway "
+                       "API's HTTPRoute (or choose another routing.mode); meanwhile no "
+                       "InferencePool or HTTPRoute is written and traffic splits by ready "
+                       "pods through the one Service")
+        return
+    if gateway is not None:
+        conditions.set(C.TRAFFIC_SPLIT, True, "InferenceGateway",
+                       f"weights are exact: HTTPRoute {service_name(facts)} on Gateway "
+                       f"{gateway.gateway} splits between one InferencePool per version by "
+                       "the rollout's weights; the header x-glm-version: <modelversion> "
+                       "pins one (no VirtualService is written: the route is the one "
+                       "writer of the weights)")
+        return
     if facts.router:
         conditions.set(C.TRAFFIC_SPLIT, True, "Router",
                        "weights are exact: the router splits requests between versions by "
@@ -249,6 +271,19 @@ def _traffic_condition(conditions: Conditions, facts: ConditionInputs) -> None:
                    f"Istio's CRDs are absent: traffic splits by ready pods, {wanted_ready} of "
                    f"{stable_ready + wanted_ready} ({share:.0f}%) to {wanted} for a "
                    f"{decision.weight}% step; weights are approximate")
+
+
+def service_name(facts: ConditionInputs) -> str:
+    return main_service_name(facts.versions.service.metadata.name or "")
+
+
+def _gateway_condition(conditions: Conditions, facts: ConditionInputs) -> None:
+    """GatewayAccepted, only in mode InferenceGateway with its CRDs served."""
+    gateway = facts.gateway
+    if gateway is None or gateway.missing_crds:
+        conditions.remove(C.GATEWAY_ACCEPTED)
+        return
+    conditions.set(C.GATEWAY_ACCEPTED, *pool_acceptance(gateway))
 
 
 def _progress_condition(conditions: Conditions, facts: ConditionInputs) -> None:

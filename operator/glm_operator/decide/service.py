@@ -35,6 +35,7 @@ from glm_operator.config import OperatorConfig
 from glm_operator.decide import main_pool
 from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
+from glm_operator.decide.gateway import GatewayFacts, gateway_poll
 from glm_operator.decide.long_context import ActivityReading, decide_idle, needs_reading
 from glm_operator.decide.observed import ObservedChildren, Ref, rolled_out
 from glm_operator.decide.references import UNOBSERVED, SecretsObserved, resolve_references
@@ -50,6 +51,12 @@ from glm_operator.decide.versions import (
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.autoscaling import TargetsChoice, choose_targets
 from glm_operator.render.deployment import deployment_name
+from glm_operator.render.inference_pool import (
+    INFERENCE_GATEWAY_CRDS,
+    GatewayInputs,
+    build_inference_gateway,
+    pool_name,
+)
 from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, startup_seconds
@@ -145,6 +152,7 @@ def decide_service(
     secrets: SecretsObserved = UNOBSERVED,
     namespace_model_versions: Callable[[], Mapping[str, Obj]] | None = None,
     main_pool_activity: ActivityReading | None = None,
+    inference_pools: Sequence[Obj] = (),
 ) -> ServiceDecision:
     """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
     rollout, choose what runs, render it, promote, and report."""
@@ -170,9 +178,16 @@ def decide_service(
     events += promoted
     # With the router in front, the router splits the versions by these same weights: a
     # VirtualService on the client Service would route to version subsets of router pods.
-    istio = capabilities.istio and not service.spec.endpoint_picker
+    # With an inference gateway the HTTPRoute is the one writer of the weights: Istio's
+    # gateway reads it (ENABLE_GATEWAY_API_INFERENCE_EXTENSION), and a VirtualService on the
+    # same host would be a second, competing set of the same weights.
+    gateway = _gateway_facts(service, capabilities, inference_pools)
+    istio = (capabilities.istio and not service.spec.endpoint_picker
+             and not service.spec.inference_gateway)
     if istio:
         desired += _traffic_objects(service, serving.routes, versions.planned, config)
+    if gateway is not None and not gateway.missing_crds:
+        desired += _gateway_objects(service, serving.routes, config, capabilities.istio)
 
     long_context, scale_to_zero, idle_requeue, idle_events = _long_context_pool(
         service, observed, config, long_context_activity, now)
@@ -194,7 +209,10 @@ def decide_service(
         stable_missing=bool(rendered.retained),
         references=resolve_references(service, secrets),
         router=service.spec.endpoint_picker,
-        main_pool_asleep=main_pool.asleep(main_idle, observed)))
+        main_pool_asleep=main_pool.asleep(main_idle, observed),
+        gateway=(None if gateway is None else replace(
+            gateway, pools=tuple(pool_name(name_of(service), r.model_version)
+                                 for r in serving.routes)))))
     events += _warnings_raised(previous.conditions, conditions)
 
     if stable_after == wanted.name:
@@ -231,7 +249,8 @@ def decide_service(
         main_pool=main_idle.status,
     )
     requeues = [t for t in (rollout.decision.requeue_after if rollout.decision else None,
-                            idle_requeue, main_idle.requeue_after) if t is not None]
+                            idle_requeue, main_idle.requeue_after,
+                            gateway_poll(conditions, gateway)) if t is not None]
     return ServiceDecision(desired=desired, status=status, events=events,
                            retained=frozenset(rendered.retained),
                            requeue_after=min(requeues) if requeues else None,
@@ -465,6 +484,40 @@ def _traffic_objects(service: GLMService, routes: list[VersionRoute],
                                max_requests, owner),
         build_virtual_service(main_service_name(name), namespace, name, host, routes, owner),
     ]
+
+
+def name_of(service: GLMService) -> str:
+    return service.metadata.name or ""
+
+
+def _gateway_facts(service: GLMService, capabilities: Capabilities,
+                   inference_pools: Sequence[Obj]) -> GatewayFacts | None:
+    """spec.routing.mode InferenceGateway: which of its CRDs are missing, and the pools as
+    read (their status is the gateway's answer). None in the other modes."""
+    if not service.spec.inference_gateway:
+        return None
+    ref = service.spec.routing.gateway_ref
+    assert ref is not None  # the API's rule: InferenceGateway needs gatewayRef
+    return GatewayFacts(
+        gateway=f"{ref.namespace or service.metadata.namespace}/{ref.name}",
+        missing_crds=tuple(c for c in INFERENCE_GATEWAY_CRDS
+                           if c not in capabilities.inference_crds),
+        observed=tuple(inference_pools))
+
+
+def _gateway_objects(service: GLMService, routes: list[VersionRoute], config: OperatorConfig,
+                     istio: bool) -> list[Obj]:
+    """Per routed version a picker and an InferencePool, and the HTTPRoute with the
+    rollout's weights: the same numbers the VirtualService or the router would get."""
+    name, namespace = name_of(service), service.metadata.namespace or ""
+    routing = service.spec.routing
+    assert routing.gateway_ref is not None
+    return build_inference_gateway(GatewayInputs(
+        service=name, namespace=namespace, gateway=routing.gateway_ref,
+        hostnames=routing.hostnames or [service_host(main_service_name(name), namespace,
+                                                     config)],
+        routes=routes, failure_mode=routing.failure_mode, config=config,
+        owner=owner_reference(service), istio=istio))
 
 
 def _endpoint(service: GLMService, config: OperatorConfig, pool: str) -> str:

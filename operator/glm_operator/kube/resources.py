@@ -59,6 +59,8 @@ _KINDS = [
     ResourceKind("networking.istio.io/v1", "VirtualService", "virtualservices"),
     ResourceKind("networking.istio.io/v1", "DestinationRule", "destinationrules"),
     ResourceKind("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
+    ResourceKind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
+    ResourceKind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
     ResourceKind(API_VERSION, "GLMService", "glmservices"),
     ResourceKind(API_VERSION, "ModelVersion", "modelversions"),
     ResourceKind("apiextensions.k8s.io/v1", "CustomResourceDefinition",

@@ -12,6 +12,7 @@ ecosystem's, not ours: its flags and config follow the Inference Extension's rel
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -106,16 +107,35 @@ def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
     our gateways' /metrics, which export the queue and KV-cache series for llama.cpp and vLLM
     alike. No --pool-name: v1.2.0 refuses it beside --endpoint-selector (e2e/epp.py runs
     this release with these flags)."""
-    port = str(config.gateway_port)
     return [
         "--pool-namespace", namespace,
         "--endpoint-selector", engine_pods_selector(service),
-        "--endpoint-target-ports", port,
-        "--grpc-port", str(EPP_GRPC_PORT),
-        "--grpc-health-port", str(EPP_HEALTH_PORT),
-        "--metrics-port", str(EPP_METRICS_PORT),
+        "--endpoint-target-ports", str(config.gateway_port),
+        *_serving_args(),
         # The router talks to it inside the cluster, over the pod network.
         "--secure-serving=false",
+        *_scoring_args(config),
+    ]
+
+
+def pool_epp_args(pool: str, namespace: str, config: OperatorConfig) -> list[str]:
+    """The flags of a picker that serves one InferencePool (spec.routing.mode
+    InferenceGateway): the pool names its pods and their port (--pool-name; v1.2.0 binds
+    one picker to one pool and refuses --endpoint-selector beside it). It serves TLS with
+    its own self-signed certificate (v1.2.0's default, --secure-serving): the gateways that
+    implement the Inference Extension connect to it so, as to the picker of its chart."""
+    return ["--pool-name", pool, "--pool-namespace", namespace, *_serving_args(),
+            *_scoring_args(config)]
+
+
+def _serving_args() -> list[str]:
+    return ["--grpc-port", str(EPP_GRPC_PORT), "--grpc-health-port", str(EPP_HEALTH_PORT),
+            "--metrics-port", str(EPP_METRICS_PORT)]
+
+
+def _scoring_args(config: OperatorConfig) -> list[str]:
+    port = str(config.gateway_port)
+    return [
         # Scraped inside the cluster without a token (the EPP would check one with a
         # TokenReview, which needs a ClusterRole).
         "--metrics-endpoint-auth=false",
@@ -152,15 +172,39 @@ def _config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Picker:
+    """One picker Deployment and what sets it apart: its name, labels and selector, flags,
+    Role and how its gRPC port is named on its Service."""
+
+    name: str
+    labels: dict[str, str]
+    selector: dict[str, str]
+    args: list[str]
+    rules: list[dict[str, Any]]
+    grpc_port: dict[str, Any]  # the Service's port entry for ext-proc
+
+
 def epp_objects(service: str, namespace: str, config: OperatorConfig,
-                 owner: dict[str, Any] | None) -> list[dict[str, Any]]:
-    name = epp_name(service)
-    labels = common_labels(service, EPP_COMPONENT)
+                owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The router's picker: every main-pool pod of the service, by label."""
+    return picker_objects(Picker(
+        name=epp_name(service), labels=common_labels(service, EPP_COMPONENT),
+        selector=epp_selector(service), args=epp_args(service, namespace, config),
+        rules=epp_rules(),
+        grpc_port={"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc",
+                   "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"}),
+        namespace, config, owner)
+
+
+def picker_objects(picker: Picker, namespace: str, config: OperatorConfig,
+                   owner: dict[str, Any] | None) -> list[dict[str, Any]]:
+    name, labels = picker.name, picker.labels
     config_text = yaml.safe_dump(endpoint_picker_config(), sort_keys=False)
     container = {
         "name": EPP_CONTAINER,
         "image": config.epp_image,
-        "args": epp_args(service, namespace, config),
+        "args": picker.args,
         "env": [{"name": "NAMESPACE", "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.namespace"}}},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
@@ -188,7 +232,7 @@ def epp_objects(service: str, namespace: str, config: OperatorConfig,
     # ServiceAccount is refused (FailedCreate) until the ReplicaSet retries.
     return [
         build_service_account(name, namespace, labels, owner),
-        build_role(name, namespace, labels, owner, epp_rules()),
+        build_role(name, namespace, labels, owner, picker.rules),
         build_role_binding(name, namespace, labels, owner, name, name),
         render_object("configmap.yaml.j2", metadata=object_meta(name, namespace, labels, owner),
                       data={EPP_CONFIG_KEY: config_text}),
@@ -196,7 +240,7 @@ def epp_objects(service: str, namespace: str, config: OperatorConfig,
             "component-deployment.yaml.j2",
             metadata=object_meta(name, namespace, labels, owner),
             replicas=1,
-            selector=epp_selector(service),
+            selector=picker.selector,
             # One picker at a time: its prefix index is its own, two would halve each one's
             # view (the EPP's chart does the same).
             strategy={"type": "Recreate"},
@@ -207,9 +251,8 @@ def epp_objects(service: str, namespace: str, config: OperatorConfig,
         render_object(
             "service.yaml.j2",
             metadata=object_meta(name, namespace, labels, owner),
-            selector=epp_selector(service),
-            ports=[{"name": "grpc", "port": EPP_GRPC_PORT, "targetPort": "grpc",
-                    "protocol": "TCP", "appProtocol": "kubernetes.io/h2c"},
+            selector=picker.selector,
+            ports=[picker.grpc_port,
                    {"name": "metrics", "port": EPP_METRICS_PORT, "targetPort": "metrics",
                     "protocol": "TCP"}],
         ),
@@ -219,3 +262,14 @@ def epp_objects(service: str, namespace: str, config: OperatorConfig,
 def epp_rules() -> list[dict[str, Any]]:
     """The EPP watches the pods its selector names; label selectors cannot narrow RBAC."""
     return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+def pool_epp_rules(pool: str) -> list[dict[str, Any]]:
+    """A pool's picker also watches its InferencePool (listed by name: RBAC matches the
+    field selector against resourceNames) and the InferenceObjectives of its namespace
+    (v1.2.0 watches them whenever it serves a pool)."""
+    return [*epp_rules(),
+            {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+             "resourceNames": [pool], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["inference.networking.x-k8s.io"],
+             "resources": ["inferenceobjectives"], "verbs": ["get", "list", "watch"]}]

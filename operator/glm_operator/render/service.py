@@ -124,6 +124,8 @@ class Capabilities:
     istio: bool = False
     keda: bool = False  # KEDA's ScaledObject CRD
     leader_worker_set: bool = False  # LeaderWorkerSet's CRD (multi-node replicas)
+    # Which of render/inference_pool.py's INFERENCE_GATEWAY_CRDS are served.
+    inference_crds: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

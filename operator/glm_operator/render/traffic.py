@@ -48,7 +48,7 @@ def subset_name(model_version: str) -> str:
     return f"{dns_name(model_version, limit=54)}-{digest}"
 
 
-def _check_weights(routes: Sequence[VersionRoute]) -> None:
+def check_weights(routes: Sequence[VersionRoute]) -> None:
     if not routes:
         raise ValueError("traffic: at least one version must be routed")
     if sum(r.weight for r in routes) != 100 or any(not 0 <= r.weight <= 100 for r in routes):
@@ -79,7 +79,7 @@ def build_destination_rule(name: str, namespace: str, service: str, host: str,
 def build_virtual_service(name: str, namespace: str, service: str, host: str,
                           routes: Sequence[VersionRoute],
                           owner: dict[str, Any] | None) -> dict[str, Any]:
-    _check_weights(routes)
+    check_weights(routes)
     http: list[dict[str, Any]] = [
         {"name": f"pin-{subset_name(r.model_version)}"[:63],
          "match": [{"headers": {VERSION_HEADER: {"exact": r.model_version}}}],
