@@ -239,6 +239,7 @@ class Connection(asyncio.Protocol):
         self._next_stream_id = 1
         self._buffer = bytearray()
         self._out: list[bytes] = []
+        self._flush_soon = False
         self._continuing = 0  # the stream of a header block continued, 0 when none
         self._continued_end = False
         self._block = bytearray()
@@ -298,7 +299,11 @@ class Connection(asyncio.Protocol):
             return
         if offset < size:
             self._buffer += data[offset:]
-        self._flush()
+        if self._out and not self._flush_soon:
+            # Only acks and window updates are queued here: they go out after the callers
+            # this read woke have run (the router's write to the pod comes first).
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
         self._retire_when_idle()
 
     # --- frames -----------------------------------------------------------------------------
@@ -479,6 +484,7 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     def _flush(self) -> None:
+        self._flush_soon = False
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(self._out))
         self._out.clear()
