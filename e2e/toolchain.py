@@ -50,7 +50,7 @@ def versions() -> dict[str, str]:
 
 
 # Components built from a module pinned under another component's name (one pin, two caches).
-SAME_VERSION_AS = {"keda_controller": "keda"}
+SAME_VERSION_AS = {"keda_controller": "keda", "inference_extension": "epp"}
 
 
 def component_dir(name: str) -> Path:
@@ -289,6 +289,30 @@ def fetch_istio(version: str, out: Path, work: Path) -> None:
     )
 
 
+def fetch_inference_extension(version: str, out: Path, work: Path) -> None:
+    """The InferencePool CRD (inference.networking.k8s.io/v1) of the Gateway API Inference
+    Extension, from the same module and version as the endpoint picker (`[epp]`: the proxy
+    refuses the module's version list, but serves the exact version), and its
+    InferenceObjective CRD, which a pool's picker watches beside its pool."""
+    _fetch_module_files(
+        "inference_extension", f"sigs.k8s.io/gateway-api-inference-extension@{version}",
+        {"config/crd/bases/inference.networking.k8s.io_inferencepools.yaml":
+             "inferencepools.yaml",
+         "config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml":
+             "inferenceobjectives.yaml"}, out, work,
+    )
+
+
+def fetch_gateway_api(version: str, out: Path, work: Path) -> None:
+    """Gateway API's HTTPRoute CRD (standard channel), from the sigs.k8s.io/gateway-api
+    module: the route an inference gateway reads (spec.routing.mode InferenceGateway)."""
+    _fetch_module_files(
+        "gateway_api", f"sigs.k8s.io/gateway-api@{version}",
+        {"config/crd/standard/gateway.networking.k8s.io_httproutes.yaml": "httproutes.yaml"},
+        out, work,
+    )
+
+
 def fetch_prometheus_operator(version: str, out: Path, work: Path) -> None:
     _fetch_module_files(
         "prometheus_operator", f"github.com/prometheus-operator/prometheus-operator@{version}",
@@ -364,6 +388,8 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "kwok": build_kwok,
     "helm": build_helm,
     "istio": fetch_istio,
+    "inference_extension": fetch_inference_extension,
+    "gateway_api": fetch_gateway_api,
     "prometheus_operator": fetch_prometheus_operator,
     "argocd": fetch_argocd,
     "keda": fetch_keda,
@@ -414,7 +440,8 @@ def _build(name: str) -> Path:
 # What the suite needs before its first e2e test: the control plane, the real CRDs, helm.
 # `make test` builds these first and the rest (REST) in the background while the tests that
 # need none of it run (e2e/conftest.py orders the tests and waits for what each one needs).
-FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd", "keda"]
+FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd", "keda",
+         "inference_extension", "gateway_api"]
 
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
