@@ -26,10 +26,12 @@ from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.dispatch import prompt_chars
 from glm_operator.gateway.router.forward import cache_report
 from glm_operator.gateway.router.picker import (
+    BODY_PIECE_BYTES,
     DESTINATION_HEADER,
     SUBSET_KEY,
     SUBSET_NAMESPACE,
     destination,
+    request_bytes,
     request_messages,
 )
 from glm_operator.gateway.router.pods import ready_by_version
@@ -134,6 +136,15 @@ def test_the_picker_gets_headers_then_the_body_with_the_subset_on_each() -> None
         hint = message.metadata_context.filter_metadata[SUBSET_NAMESPACE]
         assert list(hint.fields[SUBSET_KEY].list_value.values[0].string_value
                     for _ in [0]) == ["1.2.3.4:8080"]
+
+
+def test_the_bytes_sent_are_the_messages_with_their_subset_hint() -> None:
+    body = b"y" * (BODY_PIECE_BYTES + 3)
+    headers = {":path": "/v1/completions", "x-request-id": "r"}
+    for subset in (["1.2.3.4:8080", "5.6.7.8:8080"], ["1.2.3.4:8080"], []):
+        sent = [ext_proc.ProcessingRequest.FromString(b)
+                for b in request_bytes(headers, body, subset)]
+        assert sent == request_messages(headers, body, subset)
 
 
 def test_the_destination_is_read_from_the_header_mutation() -> None:

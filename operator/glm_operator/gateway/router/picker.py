@@ -76,6 +76,40 @@ def request_messages(headers: Mapping[str, str], body: bytes, subset: Iterable[s
     return messages
 
 
+_SUBSET_BYTES: dict[tuple[str, ...], bytes] = {}  # serialized hints, by subset
+_SUBSETS_KEPT = 64  # versions times pod sets seen lately; the cache starts over past it
+
+
+def _subset_bytes(subset: tuple[str, ...]) -> bytes:
+    """A ProcessingRequest holding only the subset hint, serialized: the same for every
+    request to a version until its pods change."""
+    found = _SUBSET_BYTES.get(subset)
+    if found is None:
+        hint = struct_pb2.Struct()
+        hint.update({SUBSET_KEY: list(subset)})
+        found = ext_proc.ProcessingRequest(metadata_context=base_pb2.Metadata(
+            filter_metadata={SUBSET_NAMESPACE: hint})).SerializeToString()
+        if len(_SUBSET_BYTES) >= _SUBSETS_KEPT:
+            _SUBSET_BYTES.clear()
+        _SUBSET_BYTES[subset] = found
+    return found
+
+
+def request_bytes(headers: Mapping[str, str], body: bytes, subset: Iterable[str]
+                  ) -> list[bytes]:
+    """request_messages(), serialized: each message's own part followed by the subset hint's
+    bytes (protobuf reads a concatenation as one message with the fields of both)."""
+    hint = _subset_bytes(tuple(subset))
+    out = [ext_proc.ProcessingRequest(request_headers=ext_proc.HttpHeaders(
+        headers=_header_map(headers), end_of_stream=False)).SerializeToString() + hint]
+    pieces = [body[i:i + BODY_PIECE_BYTES] for i in range(0, len(body), BODY_PIECE_BYTES)]
+    for index, piece in enumerate(pieces or [b""]):
+        last = index == max(len(pieces), 1) - 1
+        out.append(ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(
+            body=piece, end_of_stream=last)).SerializeToString() + hint)
+    return out
+
+
 def destination(response: ext_proc.ProcessingResponse) -> str | None:
     """The pod the headers-phase answer names, or None where it names none."""
     if not response.HasField("request_headers"):
@@ -96,7 +130,7 @@ class EndpointPicker:
 
     async def pick(self, headers: Mapping[str, str], body: bytes, subset: Iterable[str]
                    ) -> Pick:
-        messages = [m.SerializeToString() for m in request_messages(headers, body, subset)]
+        messages = request_bytes(headers, body, subset)
         call: Call | None = None
         try:
             async with asyncio.timeout(self.timeout):
