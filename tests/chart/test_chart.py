@@ -65,6 +65,13 @@ NAMESPACED_RULES: list[Obj] = [
      "verbs": ["get", "create", "patch", "delete"]},
     {"apiGroups": ["networking.istio.io"], "resources": ["virtualservices", "destinationrules"],
      "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+    {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
+     "verbs": ["get", "list", "create", "patch", "delete"]},
+    # handed to the pools' endpoint pickers only
+    {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives"],
+     "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
      "verbs": ["get", "list", "create", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
@@ -314,6 +321,7 @@ def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> No
         model_version_status_rules,
         scale_rules,
     )
+    from glm_operator.render.endpoint_picker import pool_epp_rules
     from glm_operator.render.routing import (
         LongContextRoute,
         RouteEntry,
@@ -324,12 +332,12 @@ def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> No
     roles = _rendered_roles()
     granted = [rule for role in roles for rule in role["rules"]]
     granted += (scale_rules("any") + model_version_status_rules(GROUP, "any")
-                + activity_lease_rules("any") + epp_rules()
+                + activity_lease_rules("any") + epp_rules() + pool_epp_rules("any")
                 + router_rules([RouteEntry("v", 100, "any", 0, 300.0, "any", "any-lc")],
                                "any", LongContextRoute("http://x", 1, 0, 300.0, "any")))
     assert {r for rule in granted for r in rule["resources"]} == {
         "modelversions", "modelversions/status", "deployments/scale", "leases", "pods",
-        "configmaps", "deployments",
+        "configmaps", "deployments", "inferencepools", "inferenceobjectives",
     }, "a new Role: pin it"
     for group, resource, verb, name in permissions(granted):
         assert allows(NAMESPACED_RULES, group, resource, verb, name), (group, resource, verb)

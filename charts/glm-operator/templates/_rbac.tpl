@@ -89,6 +89,19 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
 - apiGroups: [networking.istio.io]
   resources: [virtualservices, destinationrules]
   verbs: [get, create, patch, delete]
+# What an inference gateway reads (spec.routing.mode InferenceGateway, when the Inference
+# Extension's and Gateway API's CRDs are installed): a pool per version, listed at every
+# reconcile for its status (the gateway's answer), and the HTTPRoute. get, list and watch of
+# the pools and of InferenceObjectives are handed to each pool's endpoint picker.
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, list, create, patch, delete]
+- apiGroups: [inference.networking.x-k8s.io]
+  resources: [inferenceobjectives]
+  verbs: [get, list, watch]
 # The main pool's KEDA ScaledObject (when KEDA is installed); list: once per service after a
 # start, to prune one a scaler switch or a rollout left behind.
 - apiGroups: [keda.sh]
