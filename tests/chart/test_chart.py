@@ -316,12 +316,12 @@ def _rendered_roles() -> list[Obj]:
 
 def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> None:
     """Kubernetes refuses a Role (or a binding to it) holding rights its creator lacks."""
+    from glm_operator.render.endpoint_picker import pool_epp_rules
     from glm_operator.render.rbac import (
         activity_lease_rules,
         model_version_status_rules,
         scale_rules,
     )
-    from glm_operator.render.endpoint_picker import pool_epp_rules
     from glm_operator.render.routing import (
         LongContextRoute,
         RouteEntry,
