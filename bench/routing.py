@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import statistics
 import string
@@ -395,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default="round_robin,epp,direct",
                         help="which arms, comma-separated (round_robin, epp, direct)")
     parser.add_argument("--no-hot", action="store_true", help="skip the hot-group phase")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="only the router's added latency (no shared-prefix phases)")
     parser.add_argument("--epp-weights", default="3,2,2",
                         help="the EPP's prefix, queue and KV-cache scorer weights")
     parser.add_argument("--cache-ram", type=int, default=CACHE_RAM_MIB,
@@ -446,14 +449,18 @@ def main(argv: list[str] | None = None) -> int:
         phases = [("one at a time", dataclasses.replace(SPREAD, clients=1), arms),
                   (f"{args.clients} at once", dataclasses.replace(SPREAD, clients=args.clients),
                    arms)]
-        if not args.no_hot:
+        if args.latency_only:
+            phases = []
+        elif not args.no_hot:
             phases.append(("hot group", dataclasses.replace(HOT, clients=args.clients),
                            {k: v for k, v in arms.items() if k != "direct"}))
         reports = {name: measure(phase_arms, pods, shape, args.rounds, name)
                    for name, shape, phase_arms in phases}
         before = scrape(router.url + "/metrics")
+        load_before = os.getloadavg()[0]
         direct_p50, router_p50 = asyncio.run(added_latency(router.url, pods[0].url,
                                                            args.latency_requests))
+        load_after = os.getloadavg()[0]
         after = scrape(router.url + "/metrics")
         picks = (after.get("glm_router_pick_duration_seconds_count", 0)
                  - before.get("glm_router_pick_duration_seconds_count", 0))
@@ -480,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
             "direct_p50_ms": round(direct_p50 * 1000, 3),
             "router_p50_ms": round(router_p50 * 1000, 3),
             "picker_mean_ms": round(pick_mean_ms, 3),
+            # the machine's 1-minute load average around the latency phase: a busy machine
+            # adds to both paths, the router's more (it waits on two more processes)
+            "latency_load_average": [round(load_before, 2), round(load_after, 2)],
         })
         for name, report in reports.items():
             print(f"\n{name} ({report[0].requests} requests per arm)")
