@@ -22,6 +22,7 @@ import yaml
 from glm_operator.decide.rollout import size_for_weight
 
 from e2e.gateway_standin import GatewayStandIn, gateway_standins
+from e2e.inference_crds import inference_crds
 from e2e.kubectl import Kubectl, wait_for
 from e2e.operator_fixtures import (
     OperatorProcess,
@@ -32,7 +33,7 @@ from e2e.operator_fixtures import (
 from e2e.prometheus import PrometheusServer, prometheus
 from e2e.test_operator import CPU_MV, CPU_SVC, condition
 
-__all__ = ["gateway_standins", "glm_crds", "prometheus"]  # fixtures used by name
+__all__ = ["gateway_standins", "glm_crds", "inference_crds", "prometheus"]  # fixtures by name
 
 Wait = Callable[..., Any]
 SERVICE = "chat"
@@ -433,3 +434,135 @@ def test_without_istio_the_split_follows_ready_pods_and_says_so(
     assert VERSION_LABEL not in selector
     assert live(kubectl, ns, "v1")["spec"]["replicas"] == 3
     assert live(kubectl, ns, "v2")["spec"]["replicas"] == 1
+
+
+# --- the same canary through an inference gateway's HTTPRoute ----------------------------------
+
+POOLS = "inferencepools.inference.networking.k8s.io"
+ROUTES = "httproutes.gateway.networking.k8s.io"
+GATEWAY = {"mode": "InferenceGateway", "gatewayRef": {"name": "inference-gw",
+                                                       "namespace": "infra"}}
+
+
+def pools(kubectl: Kubectl, ns: str) -> dict[str, str]:
+    """The service's InferencePools: name -> version."""
+    return {p["metadata"]["name"]: p["metadata"]["labels"][VERSION_LABEL]
+            for p in kubectl.items(POOLS, "-n", ns)}
+
+
+def route_weights(kubectl: Kubectl, ns: str) -> dict[str, int] | None:
+    """The HTTPRoute's weighted rule, by version (its backends are the versions' pools)."""
+    found = kubectl.items(ROUTES, "-n", ns)
+    if not found:
+        return None
+    by_pool = {f"{SERVICE}-{v}": v for v in ("v1", "v2", "v3")}
+    return {by_pool[b["name"]]: b["weight"]
+            for b in found[0]["spec"]["rules"][-1]["backendRefs"]}
+
+
+def test_a_healthy_canary_walks_the_httproute_weights_and_promotes(
+        kubectl: Kubectl, ns: str, inference_crds: list[str],
+        gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(10)
+    canary_gw.set_traffic(10, latency_seconds=0.05)
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=CANARY, routing=GATEWAY)
+    wait_for(lambda: route_weights(kubectl, ns) == {"v1": 100}, timeout=30,
+             what="the HTTPRoute at v1 100")
+    split = condition(glms(kubectl, ns), "TrafficSplit")
+    assert (split["status"], split["reason"]) == ("True", "InferenceGateway"), split
+    # Istio's CRDs are installed here too: the route is the one writer, no VirtualService.
+    assert vs_weights(kubectl, ns) is None
+    # Nobody runs Gateway infra/inference-gw: its word on the pool is still to come.
+    accepted = condition(glms(kubectl, ns), "GatewayAccepted")
+    assert (accepted["status"], accepted["reason"]) == ("Unknown", "Pending"), accepted
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+
+    seen: list[int] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        weights = route_weights(kubectl, ns) or {}
+        w = weights.get("v2", 0)
+        if not seen or seen[-1] != w:
+            seen.append(w)
+        if 0 < w < 100:
+            assert sum(weights.values()) == 100, weights
+            assert set(pools(kubectl, ns).values()) == {"v1", "v2"}
+            canary = deployment(kubectl, ns, "v2")
+            assert canary is not None
+            assert canary["status"].get("readyReplicas", 0) >= size_for_weight(2, w)
+        if (glms(kubectl, ns)["status"].get("stableModelVersion") == "v2"
+                and deployment(kubectl, ns, "v1") is None):
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"no promotion in 120s; weights seen {seen}; rollout {rollout(kubectl, ns)}")
+    assert [w for w in seen if w] == [25, 75, 100], seen
+    assert glms(kubectl, ns)["status"]["rollout"]["phase"] == "Succeeded"
+    assert route_weights(kubectl, ns) == {"v2": 100}
+    wait_for(lambda: pools(kubectl, ns) == {f"{SERVICE}-v2": "v2"}, timeout=30,
+             what="the stable version's pool gone after the promotion")
+
+
+def test_a_failing_canary_rolls_the_httproute_back_and_its_pool_is_deleted(
+        kubectl: Kubectl, ns: str, inference_crds: list[str],
+        gateway_standins: Callable[..., GatewayStandIn]) -> None:
+    stable_gw, canary_gw = standins(gateway_standins, ns)
+    stable_gw.set_traffic(10)
+    canary_gw.set_traffic(10, error_ratio=0.5)
+    svc = serve(kubectl, ns, "v1", replicas=2, rollout=CANARY, routing=GATEWAY)
+    fetched(kubectl, ns, "v2")
+    roll_to(kubectl, ns, svc, "v2")
+    wait_for(lambda: route_weights(kubectl, ns) == {"v1": 75, "v2": 25}, timeout=60,
+             what="the first canary step in the HTTPRoute")
+    assert pools(kubectl, ns) == {f"{SERVICE}-v1": "v1", f"{SERVICE}-v2": "v2"}
+    picker = f"{SERVICE}-epp-v2"
+    assert kubectl.exists("deployment", picker, "-n", ns)
+    cond = wait_for(lambda: (c := condition(glms(kubectl, ns), "CanaryProgressing"))
+                    and c["reason"] == "RolledBack" and c, timeout=60, what="the rollback")
+    assert cond["status"] == "False"
+    assert route_weights(kubectl, ns) == {"v1": 100}
+    wait_for(lambda: pools(kubectl, ns) == {f"{SERVICE}-v1": "v1"}, timeout=30,
+             what="the canary's InferencePool deleted")
+    wait_for(lambda: not kubectl.exists("deployment", picker, "-n", ns), timeout=30,
+             what="the canary's picker deleted")
+    assert glms(kubectl, ns)["status"]["stableModelVersion"] == "v1"
+    assert vs_weights(kubectl, ns) is None
+
+
+def gateway_says(kubectl: Kubectl, ns: str, pool: str, accepted: str, resolved: str,
+                 message: str) -> None:
+    """Write the pool's status as the Gateway's controller would."""
+    now = "2026-01-01T00:00:00Z"
+    status = {"parents": [{
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                      "name": "inference-gw", "namespace": "infra"},
+        "controllerName": "istio.io/gateway-controller",
+        "conditions": [
+            {"type": "Accepted", "status": accepted, "reason": "Accepted",
+             "message": "", "lastTransitionTime": now, "observedGeneration": 1},
+            {"type": "ResolvedRefs", "status": resolved,
+             "reason": "ResolvedRefs" if resolved == "True" else "InvalidExtensionRef",
+             "message": message, "lastTransitionTime": now, "observedGeneration": 1}]}]}
+    kubectl("patch", POOLS, pool, "-n", ns, "--subresource=status", "--type=merge",
+            "-p", json.dumps({"status": status}))
+
+
+def test_a_pool_the_gateway_refuses_is_a_condition_with_the_gateways_message(
+        kubectl: Kubectl, ns: str, inference_crds: list[str]) -> None:
+    serve(kubectl, ns, "v1", replicas=1, routing=GATEWAY)
+    pool = f"{SERVICE}-v1"
+    wait_for(lambda: pool in pools(kubectl, ns), timeout=30, what="the pool")
+    gateway_says(kubectl, ns, pool, "True", "False",
+                 f"Service {ns}/chat-epp-v1 has no endpoints ready")
+    refused = wait_for(lambda: (c := condition(glms(kubectl, ns), "GatewayAccepted"))
+                       and c["status"] == "False" and c, timeout=40,
+                       what="GatewayAccepted=False")
+    assert refused["reason"] == "InvalidExtensionRef"
+    assert f"Service {ns}/chat-epp-v1 has no endpoints ready" in refused["message"]
+    assert "Gateway infra/inference-gw" in refused["message"]
+    # The control: once the gateway accepts it, so does the condition.
+    gateway_says(kubectl, ns, pool, "True", "True", "")
+    wait_for(lambda: condition(glms(kubectl, ns), "GatewayAccepted")["status"] == "True",
+             timeout=40, what="GatewayAccepted=True")

@@ -1,0 +1,36 @@
+"""The real CRDs an inference gateway reads, installed into the local cluster where a test
+needs them (not into every cluster at `up`: only spec.routing.mode InferenceGateway uses them).
+
+InferencePool (inference.networking.k8s.io/v1) and InferenceObjective from the Gateway API
+Inference Extension's module at the `[epp]` pin, HTTPRoute from sigs.k8s.io/gateway-api at
+`[gateway_api]`, each cached by the toolchain (components `inference_extension`,
+`gateway_api`). Server-side applied, so a second install is a no-op; left installed (other
+tests do not look at them).
+"""
+
+from __future__ import annotations
+
+import pytest
+from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
+
+from e2e import toolchain
+from e2e.kubectl import Kubectl
+
+FILES = (("inference_extension", "inferencepools.yaml"),
+         ("inference_extension", "inferenceobjectives.yaml"),
+         ("gateway_api", "httproutes.yaml"))
+FIELD_MANAGER = "glm-e2e-cluster"  # the manager of the cluster's other third-party CRDs
+
+
+def install(kubectl: Kubectl) -> list[str]:
+    """Install (or keep) the three CRDs and wait until they are Established."""
+    paths = [toolchain.ensure(component) / name for component, name in FILES]
+    kubectl.apply_files(paths, field_manager=FIELD_MANAGER)
+    kubectl("wait", "--for=condition=Established", "--timeout=60s",
+            *[f"crd/{name}" for name in INFERENCE_GATEWAY_CRDS])
+    return list(INFERENCE_GATEWAY_CRDS)
+
+
+@pytest.fixture(scope="module")
+def inference_crds(kubectl: Kubectl) -> list[str]:
+    return install(kubectl)

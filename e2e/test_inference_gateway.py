@@ -1,0 +1,137 @@
+"""The InferencePools, pickers and HTTPRoute of spec.routing.mode InferenceGateway against the
+real CRDs: the Inference Extension's InferencePool (v1.2.0) and Gateway API's HTTPRoute
+(v1.4.1), server-side applied on the local control plane (not a dry run) and read back
+unchanged; what their schemas refuse is refused, and what they admit but the operator must
+never write (a weight over 100, a backend that is not a pool) is caught by check_route.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from glm_operator.api.glmservice import FailureMode, GatewayRef
+from glm_operator.config import OperatorConfig
+from glm_operator.render.inference_pool import (
+    GatewayInputs,
+    build_http_route,
+    build_inference_gateway,
+    check_route,
+)
+from glm_operator.render.traffic import VersionRoute
+
+from e2e.inference_crds import inference_crds
+from e2e.kubectl import Kubectl, KubectlError, to_yaml
+
+__all__ = ["inference_crds"]  # a fixture, used by name
+
+POOLS = "inferencepools.inference.networking.k8s.io"
+ROUTES = "httproutes.gateway.networking.k8s.io"
+RULES = "destinationrules.networking.istio.io"
+CANARY = (VersionRoute("glm-4-9b-q4", 75), VersionRoute("glm-4.6-q4", 25))
+
+
+def rendered(namespace: str, routes: tuple[VersionRoute, ...] = CANARY) -> list[dict[str, Any]]:
+    # No owner: a reference to a GLMService that does not exist would be collected at once.
+    return build_inference_gateway(GatewayInputs(
+        service="chat", namespace=namespace,
+        gateway=GatewayRef(name="inference-gw", namespace="infra", section_name="http"),
+        hostnames=[f"chat.{namespace}.svc.cluster.local", "chat.example.com"], routes=routes,
+        failure_mode=FailureMode.FAIL_OPEN, config=OperatorConfig(), owner=None, istio=True))
+
+
+def refused(kubectl: Kubectl, obj: dict[str, Any], namespace: str) -> str:
+    with pytest.raises(KubectlError) as caught:
+        kubectl.apply(obj, namespace=namespace)
+    return str(caught.value)
+
+
+def admitted_by_dry_run(kubectl: Kubectl, obj: dict[str, Any], namespace: str) -> None:
+    kubectl.run("apply", "--server-side", "--dry-run=server", "--field-manager=glm-e2e",
+                "-n", namespace, "-f", "-", input=to_yaml(obj))
+
+
+def test_every_pool_route_and_picker_rule_is_applied_and_read_back_unchanged(
+        kubectl: Kubectl, namespace: str, inference_crds: list[str]) -> None:
+    objects = rendered(namespace)
+    kubectl.apply(objects, namespace=namespace)  # the pickers' Deployments and RBAC too
+    checked = []
+    for obj in objects:
+        resource = {"InferencePool": POOLS, "HTTPRoute": ROUTES,
+                    "DestinationRule": RULES}.get(obj["kind"])
+        if resource is None:
+            continue
+        live = kubectl.get_json(resource, obj["metadata"]["name"], "-n", namespace)
+        assert live["spec"] == obj["spec"], obj["metadata"]["name"]
+        assert live["metadata"]["labels"] == obj["metadata"]["labels"]
+        checked.append(obj["kind"])
+    assert sorted(checked) == ["DestinationRule"] * 2 + ["HTTPRoute"] + ["InferencePool"] * 2
+    # The pickers' Services are what the pools name.
+    for pool in kubectl.items(POOLS, "-n", namespace):
+        ref = pool["spec"]["endpointPickerRef"]
+        service = kubectl.get_json("service", ref["name"], "-n", namespace)
+        assert ref["port"]["number"] in [p["port"] for p in service["spec"]["ports"]]
+    # A rollback's route (one version at 100) applies over the canary's: the weights move.
+    kubectl.apply(build_http_route_for(namespace, (VersionRoute("glm-4-9b-q4", 100),)),
+                  namespace=namespace)
+    route = kubectl.get_json(ROUTES, "chat", "-n", namespace)
+    assert [b["weight"] for b in route["spec"]["rules"][-1]["backendRefs"]] == [100]
+
+
+def build_http_route_for(namespace: str, routes: tuple[VersionRoute, ...]) -> dict[str, Any]:
+    [route] = [o for o in rendered(namespace, routes) if o["kind"] == "HTTPRoute"]
+    return route
+
+
+def pool_of(namespace: str) -> dict[str, Any]:
+    return next(o for o in rendered(namespace) if o["kind"] == "InferencePool")
+
+
+def test_the_pool_schema_refuses_what_the_gateway_could_not_use(
+        kubectl: Kubectl, namespace: str, inference_crds: list[str]) -> None:
+    pool = pool_of(namespace)
+    unknown_mode = copy.deepcopy(pool)
+    unknown_mode["spec"]["endpointPickerRef"]["failureMode"] = "Sometimes"
+    message = refused(kubectl, unknown_mode, namespace)
+    assert "spec.endpointPickerRef.failureMode" in message and "Unsupported value" in message
+    no_port = copy.deepcopy(pool)
+    del no_port["spec"]["endpointPickerRef"]["port"]
+    assert "port is required when kind is 'Service'" in refused(kubectl, no_port, namespace)
+    twice = copy.deepcopy(pool)
+    twice["spec"]["targetPorts"] *= 2
+    assert "port number must be unique" in refused(kubectl, twice, namespace)
+    # The control: the pool as rendered is admitted.
+    kubectl.apply(pool, namespace=namespace)
+
+
+def test_the_route_schema_refuses_its_bounds_and_check_route_what_it_admits(
+        kubectl: Kubectl, namespace: str, inference_crds: list[str]) -> None:
+    route = build_http_route(GatewayInputs(
+        service="chat", namespace=namespace, gateway=GatewayRef(name="inference-gw"),
+        hostnames=["chat.example.com"], routes=CANARY, failure_mode=FailureMode.FAIL_OPEN,
+        config=OperatorConfig(), owner=None))
+    huge = copy.deepcopy(route)
+    huge["spec"]["rules"][-1]["backendRefs"][0]["weight"] = 1_000_001
+    message = refused(kubectl, huge, namespace)
+    assert "backendRefs[0].weight" in message and "1000000" in message
+    crowded = copy.deepcopy(route)
+    crowded["spec"]["rules"][-1]["backendRefs"] *= 9  # 18 > 16
+    assert "spec.rules[2].backendRefs" in refused(kubectl, crowded, namespace)
+
+    # What the CRD admits (a weight is not a percentage to it, any kind may be a backend)
+    # and the operator must never write: check_route refuses both.
+    over = copy.deepcopy(route)
+    over["spec"]["rules"][-1]["backendRefs"][0]["weight"] = 101
+    admitted_by_dry_run(kubectl, over, namespace)
+    with pytest.raises(ValueError, match=r"weights must be 0\.\.100 and sum to 100"):
+        check_route(over)
+    foreign = copy.deepcopy(route)
+    foreign["spec"]["rules"][0]["backendRefs"][0].update(group="example.com", kind="Foo")
+    admitted_by_dry_run(kubectl, foreign, namespace)
+    with pytest.raises(ValueError, match="not an InferencePool"):
+        check_route(foreign)
+    # The control: the route as rendered passes both and is stored unchanged.
+    check_route(route)
+    kubectl.apply(route, namespace=namespace)
+    assert kubectl.get_json(ROUTES, "chat", "-n", namespace)["spec"] == route["spec"]
