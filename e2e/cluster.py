@@ -75,6 +75,12 @@ THIRD_PARTY_CRDS = [
     ("prometheus_operator", "servicemonitors.yaml"),
     ("argocd", "application-crd.yaml"),
     ("keda", "keda-scaledobjects.yaml"),
+    # spec.routing.mode InferenceGateway: the pools, what each pool's picker watches, the route
+    # and its parent.
+    ("inference_extension", "inferencepools.yaml"),
+    ("inference_extension", "inferenceobjectives.yaml"),
+    ("gateway_api", "httproutes.yaml"),
+    ("gateway_api", "gateways.yaml"),
 ]
 
 

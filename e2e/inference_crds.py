@@ -1,11 +1,11 @@
-"""The real CRDs an inference gateway reads, installed into the local cluster where a test
-needs them (not into every cluster at `up`: only spec.routing.mode InferenceGateway uses them).
+"""The real CRDs an inference gateway reads, Established before a test that needs them.
 
 InferencePool (inference.networking.k8s.io/v1) and InferenceObjective from the Gateway API
 Inference Extension's module at the `[epp]` pin, HTTPRoute from sigs.k8s.io/gateway-api at
 `[gateway_api]`, each cached by the toolchain (components `inference_extension`,
-`gateway_api`). Server-side applied, so a second install is a no-op; left installed (other
-tests do not look at them).
+`gateway_api`). Every cluster installs them at `up` (e2e/cluster.py THIRD_PARTY_CRDS); the
+fixture applies them again (server-side: a no-op when they are there) for a kind cluster or
+one a test removed them from, and waits until they are Established.
 """
 
 from __future__ import annotations

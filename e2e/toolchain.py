@@ -75,6 +75,9 @@ def _keda_trim_key() -> str:
 BUILD_KEYS: dict[str, Callable[[], str]] = {
     "llama_cpp_python": _llama_flags_key,
     "lws": lambda: "controller",  # the CRD alone was cached under the plain name before
+    # Fewer files were cached under the plain names before (the pool CRD alone, the route's).
+    "inference_extension": lambda: "objectives",
+    "gateway_api": lambda: "gateways",
     "keda_controller": _keda_trim_key,
 }
 
@@ -305,10 +308,12 @@ def fetch_inference_extension(version: str, out: Path, work: Path) -> None:
 
 def fetch_gateway_api(version: str, out: Path, work: Path) -> None:
     """Gateway API's HTTPRoute CRD (standard channel), from the sigs.k8s.io/gateway-api
-    module: the route an inference gateway reads (spec.routing.mode InferenceGateway)."""
+    module: the route an inference gateway reads (spec.routing.mode InferenceGateway); and
+    its Gateway CRD, the route's parent, for the docs' example Gateway."""
     _fetch_module_files(
         "gateway_api", f"sigs.k8s.io/gateway-api@{version}",
-        {"config/crd/standard/gateway.networking.k8s.io_httproutes.yaml": "httproutes.yaml"},
+        {"config/crd/standard/gateway.networking.k8s.io_httproutes.yaml": "httproutes.yaml",
+         "config/crd/standard/gateway.networking.k8s.io_gateways.yaml": "gateways.yaml"},
         out, work,
     )
 
