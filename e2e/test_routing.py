@@ -40,6 +40,7 @@ import httpx
 import pytest
 from glm_operator.gateway.metrics import REQUESTS_QUEUED, REQUESTS_TOTAL
 from glm_operator.gateway.router.metrics import PICKS_TOTAL, WAKES_TOTAL
+from glm_operator.render.long_context import activity_lease_name
 
 from e2e.epp import epp_binary
 from e2e.hpa_chain import QueueLoad
@@ -516,3 +517,29 @@ def test_without_the_picker_fail_open_serves_and_fail_close_refuses(routed: Rout
                     max_tokens=1).status_code == 200
     wait_for(served, timeout=30, what="a request served once the picker is back")
     assert not kubelet.errors, kubelet.errors
+
+
+# --- 7. an operator restart does not orphan a version's Lease ---------------------------------
+
+
+def test_a_restarted_operator_prunes_the_lease_of_a_switch_it_missed(routed: Routed) -> None:
+    """The activity Lease is an optional child (not watched): a new operator process learns
+    of the ones it owns by listing them once, or a switch made while it was down would leave
+    the old one behind for good."""
+    kubectl, ns = routed.kubectl, routed.ns
+    (version,) = routed.routes(SLEEPY)["versions"]
+    lease = version["activityLease"]
+    assert kubectl.exists("lease", lease, "-n", ns)  # the control: there is one to prune
+    routed.operator.stop()
+    kubectl("patch", "glmservice", SLEEPY, "-n", ns, "--type=merge", "-p", json.dumps(
+        {"spec": {"routing": {"mode": "Service"}, "autoscaling": {"minReplicas": 1}}}))
+    restarted = OperatorProcess(kubectl, namespaces=(f"{PREFIX}*",))
+    routed.operator = restarted
+    try:
+        wait_for(restarted.alive, timeout=60, what="the restarted operator")
+        wait_for(lambda: not kubectl.exists("lease", lease, "-n", ns), timeout=60,
+                 what=f"the restarted operator to delete Lease {lease}, no longer desired")
+        # Only that one: the other service's long-context Lease, still desired, stays.
+        assert kubectl.exists("lease", activity_lease_name(CHAT), "-n", ns)
+    finally:
+        restarted.stop()

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from glm_operator.controllers.apply import Step, optional_ref, plan_writes
+from glm_operator.controllers.apply import (
+    OPTIONAL_CHILD_KINDS,
+    OptionalChildren,
+    Step,
+    optional_ref,
+    plan_writes,
+    served_optional_kinds,
+)
 from glm_operator.decide.drift import DriftReason, with_intent_hash
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
+from glm_operator.render.inference_pool import HTTP_ROUTE_CRD, INFERENCE_POOL_CRD
+from glm_operator.render.service import Capabilities
 
 OWNER = "svc-uid"
 
@@ -63,3 +72,55 @@ def test_retained_and_foreign_children_are_never_deleted() -> None:
     kept, foreign = hpa("kept"), obj("v1", "Service", "theirs", metadata={"ownerReferences": []})
     assert plan_writes(OWNER, [], [kept, foreign], frozenset({("HorizontalPodAutoscaler",
                                                                "kept")}), {}) == []
+
+
+class ListingKube:
+    """Only `list`, by kind: what OptionalChildren.discover reads."""
+
+    def __init__(self, objects: list[dict[str, Any]]) -> None:
+        self.objects = objects
+        self.calls: list[tuple[str, str, str, str]] = []
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: str
+             ) -> list[dict[str, Any]]:
+        self.calls.append((api_version, kind, namespace, selector))
+        return [o for o in self.objects if (o["apiVersion"], o["kind"]) == (api_version, kind)]
+
+
+LEASE = ("coordination.k8s.io/v1", "Lease")
+VIRTUAL_SERVICE = ("networking.istio.io/v1", "VirtualService")
+
+
+def test_a_new_process_learns_its_optional_children_once_per_kind_and_prunes_stale_ones(
+) -> None:
+    stale = obj(*LEASE, "chat-v1-activity")
+    foreign = obj(*LEASE, "chat-lookalike", metadata={"ownerReferences": [{"uid": "other"}]})
+    kube = ListingKube([stale, foreign])
+    children = OptionalChildren()
+    children.discover(kube, OWNER, "ns", "chat", frozenset({LEASE}))  # type: ignore[arg-type]
+    assert [c[:2] for c in kube.calls] == [LEASE]
+    assert "glm-operator.dev/service=chat" in kube.calls[0][3]
+    known = children.known(OWNER)
+    assert known == {optional_ref(stale): None}  # not the one another owner holds
+    plan = plan_writes(OWNER, [], [], frozenset(), known)
+    assert steps(plan) == [(Step.DELETE_OPTIONAL, "Lease", "chat-v1-activity")]
+    # Control: without the listing the new process would plan nothing for it.
+    assert plan_writes(OWNER, [], [], frozenset(), OptionalChildren().known(OWNER)) == []
+
+    # Listed once per kind: a kind served later (Istio installed) is listed then, once.
+    children.discover(kube, OWNER, "ns", "chat", frozenset({LEASE}))  # type: ignore[arg-type]
+    children.discover(kube, OWNER, "ns", "chat",  # type: ignore[arg-type]
+                      frozenset({LEASE, VIRTUAL_SERVICE}))
+    assert [c[:2] for c in kube.calls] == [LEASE, VIRTUAL_SERVICE]
+    # An owner that is gone is forgotten, listings included.
+    children.forget(set())
+    children.discover(kube, OWNER, "ns", "chat", frozenset({LEASE}))  # type: ignore[arg-type]
+    assert [c[:2] for c in kube.calls] == [LEASE, VIRTUAL_SERVICE, LEASE]
+
+
+def test_the_kinds_listed_follow_the_served_apis() -> None:
+    assert served_optional_kinds(Capabilities()) == {LEASE}
+    everything = served_optional_kinds(Capabilities(
+        service_monitor=True, istio=True, keda=True, leader_worker_set=True,
+        inference_crds=frozenset({INFERENCE_POOL_CRD, HTTP_ROUTE_CRD})))
+    assert everything == OPTIONAL_CHILD_KINDS  # no optional kind is never listed

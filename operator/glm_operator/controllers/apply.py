@@ -15,9 +15,10 @@ happen (kubeai's pod plan), and `execute` carries it out. The order, stated once
      a ScaledObject for a Deployment that another HPA (ours, before a switch to KEDA) scales.
 
 Optional children are not watched: their CRDs may be missing or come and go (Istio, the
-Prometheus Operator, KEDA, LeaderWorkerSet; kopf stops the whole operator when a watched
-resource's CRD is deleted), and the long-context activity Lease would stream every node's
-heartbeat. The operator remembers what it applied (`OptionalChildren`), reads them only when
+Prometheus Operator, KEDA, LeaderWorkerSet, the Inference Extension's InferencePool and
+Gateway API's HTTPRoute; kopf stops the whole operator when a watched resource's CRD is
+deleted), and the long-context activity Lease would stream every node's heartbeat. The
+operator remembers what it applied (`OptionalChildren`), reads them only when
 its intent changed, and reads them again at every resync to undo edits and deletions.
 """
 
@@ -41,20 +42,48 @@ from glm_operator.controllers.ownership import (
 )
 from glm_operator.decide.drift import Drift, DriftReason, drift, with_intent_hash
 from glm_operator.kube.client import KubeClient
+from glm_operator.render.inference_pool import HTTP_ROUTE_CRD, INFERENCE_POOL_CRD
 from glm_operator.render.names import MANAGED_BY, label_value
+from glm_operator.render.service import Capabilities
 from glm_operator.wellknown import MANAGED_BY_LABEL, SERVICE_LABEL
 
 SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 LEADER_WORKER_SET = ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
+INFERENCE_POOL = ("inference.networking.k8s.io/v1", "InferencePool")
+HTTP_ROUTE = ("gateway.networking.k8s.io/v1", "HTTPRoute")
+SERVICE_MONITOR = ("monitoring.coreos.com/v1", "ServiceMonitor")
+VIRTUAL_SERVICE = ("networking.istio.io/v1", "VirtualService")
+DESTINATION_RULE = ("networking.istio.io/v1", "DestinationRule")
+LEASE = ("coordination.k8s.io/v1", "Lease")
 OPTIONAL_CHILD_KINDS = frozenset({
-    ("monitoring.coreos.com/v1", "ServiceMonitor"),
-    ("networking.istio.io/v1", "VirtualService"),
-    ("networking.istio.io/v1", "DestinationRule"),
+    SERVICE_MONITOR,
+    VIRTUAL_SERVICE,
+    DESTINATION_RULE,
     SCALED_OBJECT,
-    ("coordination.k8s.io/v1", "Lease"),
+    LEASE,
     LEADER_WORKER_SET,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
 })
 APPLIED_AFTER_PRUNE = frozenset({SCALED_OBJECT})
+
+
+def served_optional_kinds(capabilities: Capabilities) -> frozenset[tuple[str, str]]:
+    """The optional kinds whose API the cluster serves now (a Lease always)."""
+    served = {LEASE}
+    if capabilities.service_monitor:
+        served.add(SERVICE_MONITOR)
+    if capabilities.istio:
+        served |= {VIRTUAL_SERVICE, DESTINATION_RULE}
+    if capabilities.keda:
+        served.add(SCALED_OBJECT)
+    if capabilities.leader_worker_set:
+        served.add(LEADER_WORKER_SET)
+    if INFERENCE_POOL_CRD in capabilities.inference_crds:
+        served.add(INFERENCE_POOL)
+    if HTTP_ROUTE_CRD in capabilities.inference_crds:
+        served.add(HTTP_ROUTE)
+    return frozenset(served)
 
 log = logging.getLogger("glm_operator")
 
@@ -100,7 +129,8 @@ class OptionalChildren:
 
     def __init__(self) -> None:
         self._applied: dict[str, dict[OptionalRef, Obj | None]] = {}
-        self._scaled_objects_listed: set[str] = set()  # owners listed since start
+        # owner uid -> the optional kinds listed for it since start (discover)
+        self._listed: dict[str, set[tuple[str, str]]] = {}
         self._lock = threading.Lock()
 
     def known(self, owner_uid: str) -> dict[OptionalRef, Obj | None]:
@@ -115,24 +145,28 @@ class OptionalChildren:
         with self._lock:
             self._applied.get(owner_uid, {}).pop(ref, None)
 
-    def discover_scaled_objects(self, kube: KubeClient, owner_uid: str, namespace: str,
-                                service: str) -> None:
-        """Once per service after start (while KEDA's CRD is served): the ScaledObjects it
-        owns join what the operator knows it applied. Their names change with the version, so
-        one left by a scaler switch or a rollout the previous operator process did not finish
-        would otherwise never be pruned, and its HPA would fight ours."""
+    def discover(self, kube: KubeClient, owner_uid: str, namespace: str, service: str,
+                 kinds: frozenset[tuple[str, str]]) -> None:
+        """Once per service and optional kind after start (`kinds`: those served now): the
+        children of that kind it owns join what the operator knows it applied. One the
+        previous operator process applied and the intent no longer holds (a version's Lease,
+        ScaledObject or group after a rollout it did not finish, a VirtualService after a
+        switch to the router, a scaler switch) would otherwise never be pruned: a stale
+        ScaledObject's HPA would fight ours, a stale Lease or route would linger."""
         with self._lock:
-            if owner_uid in self._scaled_objects_listed:
-                return
-        found = kube.list(*SCALED_OBJECT, namespace,
-                          f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}")
+            listed = self._listed.setdefault(owner_uid, set())
+            todo = sorted(kinds - listed)
+        if not todo:
+            return
+        selector = f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}"
+        found = [obj for kind in todo for obj in kube.list(*kind, namespace, selector)]
         with self._lock:
             known = self._applied.setdefault(owner_uid, {})
             for obj in found:
                 if any(r.get("uid") == owner_uid
                        for r in obj["metadata"].get("ownerReferences", [])):
                     known.setdefault(optional_ref(obj), None)
-            self._scaled_objects_listed.add(owner_uid)
+            self._listed.setdefault(owner_uid, set()).update(todo)
 
     def forget(self, live_owners: set[str]) -> None:
         """Resync: the next reconciles read the optional children again (to undo edits and
@@ -143,7 +177,8 @@ class OptionalChildren:
                     self._applied[uid] = dict.fromkeys(self._applied[uid])
                 else:
                     del self._applied[uid]
-            self._scaled_objects_listed.intersection_update(live_owners)
+            for uid in set(self._listed) - live_owners:
+                del self._listed[uid]
 
 
 def plan_writes(owner_uid: str, desired: list[Obj], live: list[Obj],

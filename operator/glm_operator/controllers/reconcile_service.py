@@ -22,7 +22,13 @@ from typing import Any
 from glm_operator.api import ADMITTED, GLMService
 from glm_operator.controllers import metrics
 from glm_operator.controllers.analysis import canary_analysis
-from glm_operator.controllers.apply import LEADER_WORKER_SET, drift_events, sync_children
+from glm_operator.controllers.apply import (
+    INFERENCE_POOL,
+    LEADER_WORKER_SET,
+    drift_events,
+    served_optional_kinds,
+    sync_children,
+)
 from glm_operator.controllers.indexes import (
     SERVICE_CHILD_INDEXES,
     children,
@@ -42,6 +48,7 @@ from glm_operator.decide.service import (
     main_pool_reading_due,
 )
 from glm_operator.kube.client import KubeClient, KubeError
+from glm_operator.render.inference_pool import INFERENCE_POOL_CRD
 from glm_operator.render.long_context import activity_lease_name
 from glm_operator.render.names import MANAGED_BY, label_value
 from glm_operator.wellknown import GROUP, MANAGED_BY_LABEL, SERVICE_LABEL, VERSION
@@ -100,11 +107,16 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
     namespace, name = key
     now = datetime.now(UTC)
     capabilities = rt.capabilities()
-    if capabilities.keda:
-        rt.optional.discover_scaled_objects(rt.kube, body["metadata"]["uid"], namespace, name)
+    rt.optional.discover(rt.kube, body["metadata"]["uid"], namespace, name,
+                         served_optional_kinds(capabilities))
     groups = (_live_leader_worker_sets(rt.kube, namespace, name)
               if capabilities.leader_worker_set and _multi_node(body) else [])
     observed = ObservedChildren([*live, *groups])
+    # Their status is the gateway's answer (decide/gateway.py); they are not watched.
+    pools = (_owned(rt.kube.list(*INFERENCE_POOL, namespace, _children_selector(name)),
+                    body["metadata"]["uid"])
+             if service.spec.inference_gateway
+             and INFERENCE_POOL_CRD in capabilities.inference_crds else [])
     activity = (_read_activity(rt.kube, namespace, activity_lease_name(name))
                 if long_context_reading_due(service, observed, now) else None)
     main_lease = main_pool_reading_due(service, observed, now)
@@ -118,7 +130,7 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
         secrets=secrets,
         namespace_model_versions=lambda: namespace_model_versions(indexes["modelversions"],
                                                                   namespace),
-        main_pool_activity=main_activity)
+        main_pool_activity=main_activity, inference_pools=pools)
     corrected: list[str] = []
     sync_children(rt.kube, body["metadata"]["uid"], decision.desired, live, rt.optional,
                   decision.retained, corrected)
@@ -141,6 +153,15 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
         rt.wakeups.schedule(key, min(requeue))
     else:
         rt.wakeups.cancel(key)
+
+
+def _children_selector(service: str) -> str:
+    return f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+
+def _owned(found: list[Obj], owner_uid: str) -> list[Obj]:
+    return [o for o in found if any(r.get("uid") == owner_uid
+                                    for r in o.get("metadata", {}).get("ownerReferences", []))]
 
 
 def _multi_node(body: Mapping[str, Any]) -> bool:
