@@ -2,17 +2,22 @@
 real CRDs: the Inference Extension's InferencePool (v1.2.0) and Gateway API's HTTPRoute
 (v1.4.1), server-side applied on the local control plane (not a dry run) and read back
 unchanged; what their schemas refuse is refused, and what they admit but the operator must
-never write (a weight over 100, a backend that is not a pool) is caught by check_route.
+never write (a weight over 100, a backend that is not a pool) is caught by check_route. And
+a pool's picker, the real v1.2.0 `epp`, started here on its rendered flags as its rendered
+ServiceAccount: it reads its pool (control: with the router picker's Role it cannot).
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from glm_operator.api.glmservice import FailureMode, GatewayRef
 from glm_operator.config import OperatorConfig
+from glm_operator.render.endpoint_picker import epp_rules
 from glm_operator.render.inference_pool import (
     GatewayInputs,
     build_http_route,
@@ -21,10 +26,12 @@ from glm_operator.render.inference_pool import (
 )
 from glm_operator.render.traffic import VersionRoute
 
+from e2e.epp import EndpointPicker, EndpointPickerError, epp_binary
 from e2e.inference_crds import inference_crds
 from e2e.kubectl import Kubectl, KubectlError, to_yaml
+from e2e.routing_rig import service_account_access
 
-__all__ = ["inference_crds"]  # a fixture, used by name
+__all__ = ["epp_binary", "inference_crds"]  # fixtures, used by name
 
 POOLS = "inferencepools.inference.networking.k8s.io"
 ROUTES = "httproutes.gateway.networking.k8s.io"
@@ -135,3 +142,78 @@ def test_the_route_schema_refuses_its_bounds_and_check_route_what_it_admits(
     check_route(route)
     kubectl.apply(route, namespace=namespace)
     assert kubectl.get_json(ROUTES, "chat", "-n", namespace)["spec"] == route["spec"]
+
+
+# --- a pool's picker, the real v1.2.0 binary, with its rendered flags and Role -----------------
+
+
+class PoolPicker(EndpointPicker):
+    """The rendered picker of one pool as a process here: its container's flags as rendered,
+    with this machine's free ports and a local copy of its config file."""
+
+    def __init__(self, binary: Path, kubeconfig: Path, deployment: dict[str, Any],
+                 config_text: str, namespace: str, work: Path) -> None:
+        super().__init__(binary, kubeconfig, deployment["metadata"]["name"], namespace, work,
+                         config=config_text)
+        self.rendered = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    def argv(self) -> list[str]:
+        config_file = self.work / f"{self.service}-config.yaml"
+        config_file.write_text(self.config)
+        ports = {"--grpc-port": self.grpc_port, "--grpc-health-port": self.health_port,
+                 "--metrics-port": self.metrics_port, "--config-file": config_file}
+        args = list(self.rendered)
+        for flag, value in ports.items():
+            args[args.index(flag) + 1] = str(value)
+        return [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args]
+
+
+def account_kubeconfig(kubectl: Kubectl, namespace: str, account: str, work: Path) -> Path:
+    """A kubeconfig that is the ServiceAccount (its token), as the picker's pod would be."""
+    access = service_account_access(kubectl, namespace, account, work)
+    path = work / f"kubeconfig-{account}"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "local", "cluster": {"server": access.server,
+                                                   "certificate-authority": access.ca}}],
+        "users": [{"name": "sa", "user": {"tokenFile": str(access.token)}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}]}))
+    return path
+
+
+def named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_a_pools_picker_starts_on_its_rendered_flags_and_reads_its_pool_with_its_role(
+        kubectl: Kubectl, namespace: str, inference_crds: list[str], epp_binary: Path,
+        tmp_path: Path) -> None:
+    routes = (VersionRoute("v1", 100),)
+    objects = [o for o in rendered(namespace, routes) if o["kind"] != "Deployment"]
+    kubectl.apply(objects, namespace=namespace)  # account, Role, binding, config, pool, route
+    deployment = named(rendered(namespace, routes), "Deployment", "chat-epp-v1")
+    config = named(objects, "ConfigMap", "chat-epp-v1")["data"]["config.yaml"]
+    kubeconfig = account_kubeconfig(kubectl, namespace, "chat-epp-v1", tmp_path)
+    # SERVING is v1.2.0's "pool synced": it read InferencePool chat-v1 (by name, the Role's
+    # resourceNames) and watches the pods and InferenceObjectives its Role allows.
+    with PoolPicker(epp_binary, kubeconfig, deployment, config, namespace,
+                    tmp_path / "picker").start(timeout=45) as picker:
+        assert picker.health()
+        log = picker.log_tail(400)
+        assert "forbidden" not in log.lower(), log
+
+    # The control: the router's picker's Role (pods only) cannot read the pool; the same
+    # flags never get to SERVING.
+    narrow = copy.deepcopy(named(objects, "Role", "chat-epp-v1"))
+    narrow["metadata"]["name"] = "narrow"
+    narrow["rules"] = epp_rules()
+    binding = copy.deepcopy(named(objects, "RoleBinding", "chat-epp-v1"))
+    binding["metadata"]["name"] = "narrow"
+    binding["roleRef"]["name"] = "narrow"
+    binding["subjects"][0]["name"] = "narrow"
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "narrow"}}
+    kubectl.apply([account, narrow, binding], namespace=namespace)
+    with pytest.raises(EndpointPickerError, match="not SERVING") as caught:
+        PoolPicker(epp_binary, account_kubeconfig(kubectl, namespace, "narrow", tmp_path),
+                   deployment, config, namespace, tmp_path / "narrow").start(timeout=10)
+    assert "inferencepools" in str(caught.value) and "forbidden" in str(caught.value)
