@@ -9,10 +9,16 @@ ServiceAccount: it reads its pool (control: with the router picker's Role it can
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import socket
+import socketserver
+import ssl
+import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from glm_operator.api.glmservice import FailureMode, GatewayRef
@@ -26,9 +32,10 @@ from glm_operator.render.inference_pool import (
 )
 from glm_operator.render.traffic import VersionRoute
 
-from e2e.epp import EndpointPicker, EndpointPickerError, epp_binary
+from e2e.epp import POD_PORT, EndpointPicker, EndpointPickerError, epp_binary, pick
 from e2e.inference_crds import inference_crds
-from e2e.kubectl import Kubectl, KubectlError, to_yaml
+from e2e.kubectl import Kubectl, KubectlError, to_yaml, wait_for
+from e2e.pod_serving import LOOPBACK_PLACEMENT, loopback_pod_ip
 from e2e.routing_rig import service_account_access
 
 __all__ = ["epp_binary", "inference_crds"]  # fixtures, used by name
@@ -217,3 +224,111 @@ def test_a_pools_picker_starts_on_its_rendered_flags_and_reads_its_pool_with_its
         PoolPicker(epp_binary, account_kubeconfig(kubectl, namespace, "narrow", tmp_path),
                    deployment, config, namespace, tmp_path / "narrow").start(timeout=10)
     assert "inferencepools" in str(caught.value) and "forbidden" in str(caught.value)
+
+
+class TlsRelay:
+    """Plain TCP here, TLS to the picker, verifying nothing: as the gateways reach a picker
+    whose certificate is its own (self-signed, no names; Istio's DestinationRule says
+    insecureSkipVerify). gRPC's own TLS cannot skip the check, so the client talks h2c to
+    this relay and the relay speaks TLS with ALPN h2 to the picker."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        context.set_alpn_protocols(["h2"])
+        self.context = context
+        relay = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                relay._pipe(self.request)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def _pipe(self, client: socket.socket) -> None:
+        with socket.create_connection(self.target, timeout=10) as raw, \
+                self.context.wrap_socket(raw) as upstream:
+            upstream.settimeout(None)
+
+            def copy(src: socket.socket, dst: socket.socket) -> None:
+                with contextlib.suppress(OSError):
+                    while data := src.recv(65536):
+                        dst.sendall(data)
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+
+            back = threading.Thread(target=copy, args=(upstream, client), daemon=True)
+            back.start()
+            copy(client, upstream)
+            back.join(timeout=10)
+
+    def __enter__(self) -> TlsRelay:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def version_pod(name: str, version: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"glm-operator.dev/service": "chat",
+                                                  "glm-operator.dev/pool": "main",
+                                                  "glm-operator.dev/version": version}},
+            "spec": {**LOOPBACK_PLACEMENT,
+                     "containers": [{"name": "gateway", "image": "glm-operator:e2e",
+                                     "ports": [{"name": "http", "containerPort": POD_PORT}]}]}}
+
+
+def picked(channel: grpc.Channel) -> str | None:
+    try:
+        return pick(channel, "chat", "hello").endpoint
+    except grpc.RpcError:
+        return None
+
+
+def test_a_pools_picker_answers_over_tls_with_its_own_versions_pods_only(
+        kubectl: Kubectl, namespace: str, inference_crds: list[str], epp_binary: Path,
+        tmp_path: Path) -> None:
+    kubectl.apply([version_pod("v1-a", "v1"), version_pod("v1-b", "v1"),
+                   version_pod("v2-a", "v2")], namespace=namespace)
+
+    def ips() -> dict[str, str] | None:
+        pods = {p["metadata"]["name"]: p for p in kubectl.items("pods", "-n", namespace)}
+        ready = {n: p for n, p in pods.items()
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in (p.get("status") or {}).get("conditions") or [])}
+        return ({n: loopback_pod_ip(p) for n, p in ready.items()}
+                if {"v1-a", "v1-b", "v2-a"} <= set(ready) else None)
+
+    pod_ips = wait_for(ips, timeout=30, what="three Ready pods with IPs")
+    routes = (VersionRoute("v1", 75), VersionRoute("v2", 25))
+    everything = rendered(namespace, routes)
+    kubectl.apply([o for o in everything if o["kind"] != "Deployment"], namespace=namespace)
+    picks: dict[str, set[str]] = {}
+    for version in ("v1", "v2"):
+        name = f"chat-epp-{version}"
+        config = named(everything, "ConfigMap", name)["data"]["config.yaml"]
+        kubeconfig = account_kubeconfig(kubectl, namespace, name, tmp_path)
+        with PoolPicker(epp_binary, kubeconfig, named(everything, "Deployment", name),
+                        config, namespace, tmp_path / name).start(timeout=45) as picker, \
+                TlsRelay(("127.0.0.1", picker.grpc_port)) as relay, \
+                grpc.insecure_channel(relay.address) as channel:
+            # Its ext-proc port opens once its certificate is made (after SERVING), and it
+            # learns the pool's pods from its watch: wait for the first answer.
+            first = wait_for(lambda: picked(channel), timeout=30, what=f"{name}'s first pick")
+            picks[version] = {first} | {pick(channel, "chat", f"hello {i}").endpoint or ""
+                                        for i in range(12)}
+    by_ip = {f"{ip}:{POD_PORT}": name for name, ip in pod_ips.items()}
+    assert {by_ip[e] for e in picks["v1"]} <= {"v1-a", "v1-b"}, picks
+    # The control: the other version's pod is Ready and a candidate of its own pool's picker.
+    assert {by_ip[e] for e in picks["v2"]} == {"v2-a"}, picks
