@@ -13,7 +13,8 @@ HTTP/2 (RFC 9113) kept: h2c with prior knowledge (plaintext, as `grpc.insecure_c
 SETTINGS both ways, with their acks, and the peer's frame size and initial window honoured;
 flow control both ways (a body past the peer's window waits for its WINDOW_UPDATE; what is
 received is acknowledged once half the window is read); PING answered (grpc-go's
-bandwidth probe sends one per burst of data); padding, priority and CONTINUATION read;
+bandwidth probe sends one with each answer: the acks ride on the next call's write, or go
+alone after ACK_DELAY_SECONDS); padding, priority and CONTINUATION read;
 RST_STREAM both ways; GOAWAY (no new streams on that connection, the streams past its last
 id failed); a frame over our maximum or a malformed one closes the connection.
 
@@ -45,6 +46,10 @@ CONNECT_TIMEOUT_SECONDS = 1.0  # a dead address fails, and backs off, within thi
 RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024  # per stream and per connection, before our update
 MAX_FRAME_BYTES = 16_384  # what we accept (the protocol's default; we ask no more)
 MAX_HEADER_BLOCK_BYTES = 64 * 1024
+# How long an ack we owe (PING, SETTINGS) or a window update may wait for the next call's
+# write: far inside any peer's ping timeout (grpc's keepalive waits 20 s) and, for the
+# windows, a small share of what the peer may still send meanwhile.
+ACK_DELAY_SECONDS = 0.05
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _LAST_STREAM_ID = 2**31 - 1
 
@@ -239,7 +244,7 @@ class Connection(asyncio.Protocol):
         self._next_stream_id = 1
         self._buffer = bytearray()
         self._out: list[bytes] = []
-        self._flush_soon = False
+        self._ack_timer: asyncio.TimerHandle | None = None  # owed acks written by then
         self._continuing = 0  # the stream of a header block continued, 0 when none
         self._continued_end = False
         self._block = bytearray()
@@ -299,11 +304,12 @@ class Connection(asyncio.Protocol):
             return
         if offset < size:
             self._buffer += data[offset:]
-        if self._out and not self._flush_soon:
-            # Only acks and window updates are queued here: they go out after the callers
-            # this read woke have run (the router's write to the pod comes first).
-            self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        if self._out and self._ack_timer is None:
+            # Only acks and window updates are queued here. They ride on the next call's
+            # write, or go alone after ACK_DELAY_SECONDS: a socket write to a local peer costs
+            # the router 0.1-0.2 ms of CPU, and grpc-go sends a PING with every answer.
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_SECONDS,
+                                                                     self._flush)
         self._retire_when_idle()
 
     # --- frames -----------------------------------------------------------------------------
@@ -484,7 +490,9 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     def _flush(self) -> None:
-        self._flush_soon = False
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(self._out))
         self._out.clear()
@@ -504,6 +512,9 @@ class Connection(asyncio.Protocol):
         for call in calls.values():
             call._fail(failure)
         self._window_opened()
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
 
 
 def _unpadded(flags: int, payload: memoryview) -> memoryview:
