@@ -12,7 +12,7 @@ pick by then.
 The call goes over grpc_wire.py's plain-asyncio HTTP/2 client (the same gRPC messages, a
 fraction of grpc.aio's cost per stream): the request side written in one go and half-closed
 after the body, the answer read as it is parsed. The router never loads grpc itself, and the
-pod gateways load neither (their memory budget).
+pod gateways load none of this module (their memory budget).
 """
 
 from __future__ import annotations
