@@ -12,11 +12,12 @@ parsed in the protocol's `data_received` with `struct` (docs/performance.md, rou
 HTTP/2 (RFC 9113) kept: h2c with prior knowledge (plaintext, as `grpc.insecure_channel`);
 SETTINGS both ways, with their acks, and the peer's frame size and initial window honoured;
 flow control both ways (a body past the peer's window waits for its WINDOW_UPDATE; what is
-received is acknowledged once half the window is read); PING answered (grpc-go's
-bandwidth probe sends one with each answer: the acks ride on the next call's write, or go
-alone after ACK_DELAY_SECONDS); padding, priority and CONTINUATION read;
-RST_STREAM both ways; GOAWAY (no new streams on that connection, the streams past its last
-id failed); a frame over our maximum or a malformed one closes the connection.
+received is acknowledged once half the window is read); PING answered, the ack held for
+up to ACK_DELAY_SECONDS (grpc-go's bandwidth probe would send one with every answer, each a
+packet that wakes the router, and sends no next one before the last is acked); padding,
+priority and CONTINUATION read; RST_STREAM both ways; GOAWAY (no new streams on that
+connection, the streams past its last id failed); a frame over our maximum or a malformed
+one closes the connection.
 
 HPACK: we send only literals that are never indexed, and advertise a header table of 0
 bytes, so the peer's header blocks stand alone and none has to be decoded to keep state.
@@ -46,9 +47,10 @@ CONNECT_TIMEOUT_SECONDS = 1.0  # a dead address fails, and backs off, within thi
 RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024  # per stream and per connection, before our update
 MAX_FRAME_BYTES = 16_384  # what we accept (the protocol's default; we ask no more)
 MAX_HEADER_BLOCK_BYTES = 64 * 1024
-# How long an ack we owe (PING, SETTINGS) or a window update may wait for the next call's
-# write: far inside any peer's ping timeout (grpc's keepalive waits 20 s) and, for the
-# windows, a small share of what the peer may still send meanwhile.
+# How long a PING's ack waits, so that the acks of the PINGs in that time go in one write:
+# far inside any peer's ping timeout (grpc's keepalive waits 20 s). grpc-go sends its next
+# bandwidth probe only once the last is acked, so this also holds its PINGs (and the wake-up
+# of the router each costs) to about one per ACK_DELAY_SECONDS, where there was one per pick.
 ACK_DELAY_SECONDS = 0.05
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _LAST_STREAM_ID = 2**31 - 1
@@ -244,7 +246,8 @@ class Connection(asyncio.Protocol):
         self._next_stream_id = 1
         self._buffer = bytearray()
         self._out: list[bytes] = []
-        self._ack_timer: asyncio.TimerHandle | None = None  # owed acks written by then
+        self._owed: list[bytes] = []  # PING acks, written together by _ack_timer
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._continuing = 0  # the stream of a header block continued, 0 when none
         self._continued_end = False
         self._block = bytearray()
@@ -304,12 +307,10 @@ class Connection(asyncio.Protocol):
             return
         if offset < size:
             self._buffer += data[offset:]
-        if self._out and self._ack_timer is None:
-            # Only acks and window updates are queued here. They ride on the next call's
-            # write, or go alone after ACK_DELAY_SECONDS: a socket write to a local peer costs
-            # the router 0.1-0.2 ms of CPU, and grpc-go sends a PING with every answer.
+        self._flush()  # SETTINGS acks and window updates: rare, and the peer may wait on them
+        if self._owed and self._ack_timer is None:
             self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_SECONDS,
-                                                                     self._flush)
+                                                                     self._write_owed)
         self._retire_when_idle()
 
     # --- frames -----------------------------------------------------------------------------
@@ -344,7 +345,7 @@ class Connection(asyncio.Protocol):
                 self._on_settings(payload)
         elif kind == PING:
             if not flags & ACK and len(payload) == 8:
-                self._out.append(frame_bytes(PING, ACK, 0, bytes(payload)))
+                self._owed.append(frame_bytes(PING, ACK, 0, bytes(payload)))
         elif kind == GOAWAY:
             self.usable = False
             last = _U32.unpack_from(payload)[0] & _LAST_STREAM_ID if len(payload) >= 4 else 0
@@ -490,12 +491,15 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
     def _flush(self) -> None:
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
         if self._out and self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(self._out))
         self._out.clear()
+
+    def _write_owed(self) -> None:
+        self._ack_timer = None
+        if self._owed and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(self._owed))
+        self._owed.clear()
 
     def _violated(self, exc: ProtocolViolation) -> None:
         detail, code = exc.args
