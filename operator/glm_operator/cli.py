@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("glm_operator.controllers.cli", "run the operator (kopf) against the current cluster"),
     "render": ("glm_operator.render.cli", "print the manifests for a GLMService, offline"),
     "plan": ("glm_operator.planning.cli", "print the capacity plan for a GLMService, offline"),
+    "images": ("glm_operator.images", "list every image the operator may run, for a mirror"),
     "crds": ("glm_operator.generate", "regenerate the CRD YAML and API reference from the types"),
     "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),
     "gateway": ("glm_operator.gateway.cli", "run the OpenAI-compatible gateway sidecar"),
