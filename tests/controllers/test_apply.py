@@ -13,6 +13,7 @@ from glm_operator.controllers.apply import (
     served_optional_kinds,
 )
 from glm_operator.decide.drift import DriftReason, with_intent_hash
+from glm_operator.kube.client import KubeError
 from glm_operator.render.deployment import INITIAL_REPLICAS_ANNOTATION
 from glm_operator.render.inference_pool import HTTP_ROUTE_CRD, INFERENCE_POOL_CRD
 from glm_operator.render.service import Capabilities
@@ -124,3 +125,23 @@ def test_the_kinds_listed_follow_the_served_apis() -> None:
         service_monitor=True, istio=True, keda=True, leader_worker_set=True,
         inference_crds=frozenset({INFERENCE_POOL_CRD, HTTP_ROUTE_CRD})))
     assert everything == OPTIONAL_CHILD_KINDS  # no optional kind is never listed
+
+
+class RefusingKube(ListingKube):
+    def list(self, api_version: str, kind: str, namespace: str, selector: str
+             ) -> list[dict[str, Any]]:
+        if kind == "Lease":
+            raise KubeError("leases is forbidden", status=403)
+        return super().list(api_version, kind, namespace, selector)
+
+
+def test_a_kind_it_may_not_list_is_skipped_not_a_failed_reconcile() -> None:
+    route = obj(*VIRTUAL_SERVICE, "chat")
+    kube = RefusingKube([obj(*LEASE, "chat-v1-activity"), route])
+    children = OptionalChildren()
+    children.discover(kube, OWNER, "ns", "chat",  # type: ignore[arg-type]
+                      frozenset({LEASE, VIRTUAL_SERVICE}))
+    assert children.known(OWNER) == {optional_ref(route): None}
+    children.discover(kube, OWNER, "ns", "chat",  # type: ignore[arg-type]
+                      frozenset({LEASE, VIRTUAL_SERVICE}))
+    assert len(kube.calls) == 1  # the refused kind is not asked again until a restart

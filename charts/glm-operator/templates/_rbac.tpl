@@ -71,24 +71,25 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
   resources: [roles, rolebindings]
   verbs: [list, watch, create, patch, delete]
 # Optional children (their CRDs may come and go): read when the intent changed and at every
-# resync, never watched.
+# resync, never watched; list: once per service and kind after a start, to prune one the
+# previous operator process left behind (a switch it did not see).
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 # The activity Leases (the long-context pool's, a scaled-from-zero main pool's): applied,
 # read when an idle deadline passes, never watched; patch is handed to the gateways' Roles
 # (they renew it), update and patch to the router's.
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, create, update, patch, delete]
+  verbs: [get, list, create, update, patch, delete]
 # Multi-node groups as LeaderWorkerSets (when LeaderWorkerSet is installed).
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 # Canary traffic split (when Istio is installed).
 - apiGroups: [networking.istio.io]
   resources: [virtualservices, destinationrules]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 # What an inference gateway reads (spec.routing.mode InferenceGateway, when the Inference
 # Extension's and Gateway API's CRDs are installed): a pool per version, listed at every
 # reconcile for its status (the gateway's answer), and the HTTPRoute. get, list and watch of

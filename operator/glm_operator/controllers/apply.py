@@ -41,7 +41,7 @@ from glm_operator.controllers.ownership import (
     with_initial_replicas,
 )
 from glm_operator.decide.drift import Drift, DriftReason, drift, with_intent_hash
-from glm_operator.kube.client import KubeClient
+from glm_operator.kube.client import KubeClient, KubeError
 from glm_operator.render.inference_pool import HTTP_ROUTE_CRD, INFERENCE_POOL_CRD
 from glm_operator.render.names import MANAGED_BY, label_value
 from glm_operator.render.service import Capabilities
@@ -159,7 +159,16 @@ class OptionalChildren:
         if not todo:
             return
         selector = f"{SERVICE_LABEL}={label_value(service)},{MANAGED_BY_LABEL}={MANAGED_BY}"
-        found = [obj for kind in todo for obj in kube.list(*kind, namespace, selector)]
+        found: list[Obj] = []
+        for kind in todo:
+            try:
+                found += kube.list(*kind, namespace, selector)
+            except KubeError as exc:
+                # The reconcile goes on: only what a previous process left stays unpruned.
+                # Not asked again until the next start (the chart grants list).
+                log.warning("cannot list %s in %s (%s): one the previous operator process "
+                            "left behind is not pruned; grant list on it", kind[1],
+                            namespace, exc)
         with self._lock:
             known = self._applied.setdefault(owner_uid, {})
             for obj in found:
