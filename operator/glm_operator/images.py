@@ -7,8 +7,9 @@ Without -f: every image the configuration can render at all: the operator's own 
 operator, the gateway sidecar, the router and the fetch Job run it), the endpoint picker of
 spec.routing.mode EndpointPicker and InferenceGateway, and the engine images of every
 accelerator profile (operator-config acceleratorProfiles included). With -f: the images of
-what those GLMServices and ModelVersions render, read from the renderer's own output (so the
-list cannot drift from it), plus the operator's.
+what those GLMServices and ModelVersions render, read from the renderers' own output (so the
+list cannot drift from them), plus the operator's; InferenceGateway's pickers, which
+`glm-operator render` leaves to the controller, come from the controller's builder.
 
 `--values` reads the helm chart's values the way charts/glm-operator maps them to the
 operator config (`chart_config`, held to `helm template` by tests/chart/test_images_values.py).
@@ -55,7 +56,7 @@ from glm_operator.wellknown import GROUP
 Uses = dict[str, list[str]]
 
 OPERATOR_USES = ("the operator", "gateway sidecar", "router (spec.routing.mode EndpointPicker)",
-                 "fetch Job", "multi-node group init (wait-tcp)")
+                 "fetch Job", "llama.cpp group leader init (wait-tcp)")
 EPP_USE = "endpoint picker (spec.routing.mode EndpointPicker, InferenceGateway)"
 # Operator-config fields whose chart value is not `config.<field>` (templates/_helpers.tpl).
 CHART_KEYS = {"imageRegistry": "image.registry", "imageTag": "image.tag",
