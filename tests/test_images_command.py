@@ -337,3 +337,46 @@ def test_bad_files_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "a directory without *.yaml files" in failure(["-f", str(empty)], capsys)
+
+
+# ------------------------------------------------------------ pull secrets of a private mirror
+
+
+def _pod_specs(node: Any) -> list[dict[str, Any]]:
+    """Every pod spec in an object, however deep (Deployments, Jobs, group templates)."""
+    if isinstance(node, dict):
+        found = [node] if "containers" in node else []
+        return found + [spec for value in node.values() for spec in _pod_specs(value)]
+    if isinstance(node, list):
+        return [spec for value in node for spec in _pod_specs(value)]
+    return []
+
+
+def every_pod_spec(config: OperatorConfig) -> list[dict[str, Any]]:
+    capabilities = Capabilities(inference_crds=frozenset(INFERENCE_GATEWAY_CRDS))
+    cases = [example_docs(folder) for folder in EXAMPLE_DIRS]
+    cases += [with_routing(ROUTED, routing) for routing in ROUTINGS.values()]
+    cases.append(llamacpp_group_docs())
+    return [spec for docs in cases
+            for obj in [*render_documents(docs, config, namespace="examples",
+                                          capabilities=capabilities),
+                        *inference_gateway_objects(docs, config, namespace="examples")]
+            for spec in _pod_specs(obj)]
+
+
+def test_the_mirrors_pull_secrets_reach_every_pod_the_operator_renders() -> None:
+    config = OperatorConfig(imagePullSecrets=["mirror-pull", "backup-pull"])
+    specs = every_pod_spec(config)
+    # engines, gateways, routers, pickers, fetch Jobs, a group's workers
+    assert len(specs) > 20
+    assert all(s.get("imagePullSecrets") == [{"name": "mirror-pull"}, {"name": "backup-pull"}]
+               for s in specs), [s["containers"][0]["name"] for s in specs
+                                 if "imagePullSecrets" not in s]
+    # Control: none without the setting.
+    assert not any("imagePullSecrets" in s for s in every_pod_spec(OperatorConfig()))
+
+
+@pytest.mark.parametrize("names", [["Mirror"], ["a", "a"], ["x" * 254], ["-bad"]])
+def test_a_pull_secret_that_cannot_be_a_secret_name_is_refused(names: list[str]) -> None:
+    with pytest.raises(ValueError, match="imagePullSecrets"):
+        OperatorConfig(imagePullSecrets=names)

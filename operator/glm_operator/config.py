@@ -8,6 +8,7 @@ so the renderers and the CLI can take an OperatorConfig without pulling in the c
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from glm_operator.planning.accelerators import (
 )
 
 CONFIG_FILE_ENV = "GLM_OPERATOR_CONFIG"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Environment overrides applied over the file (the Helm chart sets the image ones).
 ENV_OVERRIDES: dict[str, str] = {
     "GLM_OPERATOR_IMAGE_REGISTRY": "image_registry",
@@ -207,6 +209,9 @@ class OperatorConfig(BaseModel):
     epp_image: str = Field(default="", min_length=1)
     router_resources: ContainerResources = Field(default_factory=_router_resources)
     epp_resources: ContainerResources = Field(default_factory=_epp_resources)
+    # A private registry or mirror: Secrets (names; each must exist in the namespace of the
+    # workload) that every pod the operator renders pulls its images with.
+    image_pull_secrets: tuple[str, ...] = Field(default=(), max_length=16)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
@@ -232,6 +237,17 @@ class OperatorConfig(BaseModel):
             return data
         rest = {k: v for k, v in data.items() if k not in ("eppImage", "epp_image")}
         return {**rest, "eppImage": f"{registry.rstrip('/')}/{EPP_IMAGE_NAME}:{tag}"}
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secret_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if len(name) > 253 or not _DNS_SUBDOMAIN.match(name):
+                raise ValueError(f"imagePullSecrets: {name!r} is not a Secret name (lower-case "
+                                 "letters, digits, '-' and '.', at most 253 characters)")
+        if len(set(names)) != len(names):
+            raise ValueError("imagePullSecrets: a Secret is named twice")
+        return names
 
     @field_validator("image_tag")
     @classmethod

@@ -28,7 +28,11 @@ from glm_operator.render.names import (
     dns_name,
     label_value,
 )
-from glm_operator.render.pod import container_security_context, pod_security_context
+from glm_operator.render.pod import (
+    container_security_context,
+    pod_security_context,
+    pull_secrets,
+)
 from glm_operator.render.rbac import build_role, build_role_binding, build_service_account
 from glm_operator.wellknown import CONFIG_HASH_ANNOTATION, MAIN_POOL
 
@@ -224,6 +228,7 @@ def picker_objects(picker: Picker, namespace: str, config: OperatorConfig,
         "automountServiceAccountToken": True,  # it watches the engine pods
         "enableServiceLinks": False,
         "securityContext": pod_security_context(config),
+        **pull_secrets(config),
         "terminationGracePeriodSeconds": EPP_GRACE_SECONDS,
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],

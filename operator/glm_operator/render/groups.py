@@ -61,6 +61,7 @@ from glm_operator.render.pod import (
     placement,
     pod_spec,
     pre_stop_sleep,
+    pull_secrets,
     termination,
     volumes,
 )
@@ -181,6 +182,7 @@ class GroupModel:
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": engine_pod_security_context(ctx),
+            **pull_secrets(ctx.config),
             **placement(ctx),
         }
         spec["terminationGracePeriodSeconds"] = termination(ctx).grace_seconds

@@ -25,6 +25,7 @@ from glm_operator.render.pod import (
     cache_claim_name,
     container_security_context,
     pod_security_context,
+    pull_secrets,
 )
 from glm_operator.render.quantity import memory_quantity
 from glm_operator.render.rbac import (
@@ -175,6 +176,7 @@ def fetch_pod_spec(
         "enableServiceLinks": False,
         "restartPolicy": "Never",
         "securityContext": pod_security_context(config),
+        **pull_secrets(config),
         "containers": [container],
         "volumes": volumes,
     }

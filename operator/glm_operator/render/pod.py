@@ -168,6 +168,13 @@ def pod_security_context(config: OperatorConfig) -> dict[str, Any]:
     }
 
 
+def pull_secrets(config: OperatorConfig) -> dict[str, Any]:
+    """imagePullSecrets for every pod the operator renders (operator config), or nothing."""
+    if not config.image_pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": name} for name in config.image_pull_secrets]}
+
+
 def container_security_context(config: OperatorConfig) -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
@@ -674,6 +681,7 @@ def pod_spec(ctx: PoolContext) -> dict[str, Any]:
     spec["automountServiceAccountToken"] = bool(ctx.service_account)
     spec["enableServiceLinks"] = False  # thousands of Services must not become env vars
     spec["securityContext"] = engine_pod_security_context(ctx)
+    spec.update(pull_secrets(ctx.config))
     spec.update(placement(ctx))
     spread = topology_spread(ctx)
     if spread:

@@ -51,6 +51,7 @@ from glm_operator.render.pod import (
     container_security_context,
     pod_security_context,
     pre_stop_sleep,
+    pull_secrets,
 )
 from glm_operator.render.quantity import memory_quantity
 from glm_operator.render.rbac import build_role, build_role_binding, build_service_account
@@ -253,6 +254,7 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
         "automountServiceAccountToken": True,  # pods, its route table, wake-ups, Leases
         "enableServiceLinks": False,
         "securityContext": pod_security_context(config),
+        **pull_secrets(config),
         "topologySpreadConstraints": spread,
         "terminationGracePeriodSeconds": (settings.endpoint_removal_seconds
                                           + settings.drain_seconds
