@@ -46,6 +46,25 @@ toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama
 images: deps toolchain ## Build the llama.cpp CPU, endpoint picker and glm-operator images (podman storage under ~/.cache/glm-operator)
 	$(PY) -m e2e.images build
 
+# A release of the images, their SBOMs and the chart, as .github/workflows/release.yml makes
+# one on a tag (scripts/release.py; docs/install.md, "Releasing"). Here: the images make images
+# builds, for this machine's platform only (the workflow builds amd64 and arm64, and the CUDA
+# and CANN images), pushed from their podman storage. PLAIN_HTTP=1 for a local test registry.
+REGISTRY ?=
+VERSION ?=
+PLAIN_HTTP ?=
+RELEASE_OUT ?= dist
+
+.PHONY: release release-args
+release-args:
+	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "usage: make release" \
+	  "REGISTRY=registry.example.com/glm VERSION=<pyproject version> [PLAIN_HTTP=1]" >&2; exit 2; }
+
+release: release-args deps ## Push images, SBOMs and the chart: make release REGISTRY=host/path VERSION=x.y.z
+	$(PY) scripts/release.py check --version '$(VERSION)'
+	$(PY) scripts/release.py local --registry '$(REGISTRY)' --version '$(VERSION)' \
+	  --out '$(RELEASE_OUT)' $(if $(PLAIN_HTTP),--plain-http)
+
 .PHONY: cluster-up
 cluster-up: toolchain ## Start the local control plane with fake GPU/NPU nodes (kubeconfig: .e2e/kubeconfig)
 	$(PY) -m e2e.cluster up

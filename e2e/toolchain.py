@@ -276,6 +276,46 @@ def build_custom_metrics_apiserver(version: str, out: Path, work: Path) -> None:
     )
 
 
+def _build_go_commands(component: str, module: str, version: str, packages: Sequence[str],
+                       out: Path, work: Path, ldflags: str = "-s -w") -> None:
+    """A module's command packages, built through a wrapper module that requires it (as helm
+    and kwok are): the module's own go.mod and go.sum fix every dependency."""
+    module_dir = work / f"{component}-wrapper"
+    _write_module(
+        module_dir, f"glm-operator.dev/e2e/{component}",
+        f"go 1.24\n\nrequire {module} {version}\n", {"doc.go": f"package {component}\n"},
+    )
+    _go_build_with_progress(component, module_dir, packages, out, ldflags)
+
+
+def build_actionlint(version: str, out: Path, work: Path) -> None:
+    """actionlint, the GitHub Actions workflow linter the unit tests run on .github/workflows
+    (tests/test_workflows.py)."""
+    _build_go_commands(
+        "actionlint", "github.com/rhysd/actionlint", version,
+        ["github.com/rhysd/actionlint/cmd/actionlint"], out, work,
+        f"-s -w -X github.com/rhysd/actionlint.version={version}",
+    )
+
+
+def build_crane(version: str, out: Path, work: Path) -> None:
+    """crane from go-containerregistry: `crane registry serve` is the local OCI registry that
+    e2e/test_release.py pushes a release to."""
+    _build_go_commands(
+        "crane", "github.com/google/go-containerregistry", version,
+        ["github.com/google/go-containerregistry/cmd/crane"], out, work,
+        f"-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version={version}",
+    )
+
+
+def build_syft(version: str, out: Path, work: Path) -> None:
+    """syft, which writes the SBOM of each released image (scripts/release.py sbom)."""
+    _build_go_commands(
+        "syft", "github.com/anchore/syft", version, ["github.com/anchore/syft/cmd/syft"], out,
+        work, f"-s -w -X main.version={version}",
+    )
+
+
 def _fetch_module_files(
     component: str, module: str, files: dict[str, str], out: Path, work: Path
 ) -> None:
@@ -404,6 +444,9 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "minio": build_minio,
     "custom_metrics_apiserver": build_custom_metrics_apiserver,
     "epp": build_epp,
+    "actionlint": build_actionlint,
+    "crane": build_crane,
+    "syft": build_syft,
 }
 
 
@@ -445,14 +488,15 @@ def _build(name: str) -> Path:
 # What the suite needs before its first e2e test: the control plane, the real CRDs, helm.
 # `make test` builds these first and the rest (REST) in the background while the tests that
 # need none of it run (e2e/conftest.py orders the tests and waits for what each one needs).
+# actionlint too: a unit test (tests/test_workflows.py) runs it, and it is small (106 packages).
 FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "argocd", "keda",
-         "inference_extension", "gateway_api"]
+         "inference_extension", "gateway_api", "actionlint"]
 
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
     "kubernetes", "minio", "llama_cpp_python", "keda_controller", "custom_metrics_apiserver",
-    "lws", "epp", "kwok",
-    "helm", "etcd",
+    "syft", "lws", "epp", "kwok", "crane",
+    "helm", "etcd", "actionlint",
 ]
 
 

@@ -1,0 +1,358 @@
+"""Build and publish a release: the images the operator renders, an SBOM per image, the chart.
+
+One version for everything: VERSION must equal pyproject.toml's version, the operator's
+(`glm_operator.__version__`, the images' default tag) and the chart's version and appVersion.
+
+    python3 scripts/release.py check  --version V
+    python3 scripts/release.py buildx --registry R --version V [--image NAME ...] [--push]
+                                      [--dry-run]
+    python3 scripts/release.py sbom   --registry R --version V [--image NAME ...] [--out DIR]
+    python3 scripts/release.py chart  --registry R --version V [--out DIR]
+    python3 scripts/release.py local  --registry R --version V        (make release)
+
+- `buildx`: the `docker buildx build` of each image, multi-arch where its Dockerfile allows it
+  (RELEASE_IMAGES). The release workflow (.github/workflows/release.yml) runs it per image;
+  docs/images.md ("Build and push") shows exactly the commands it runs (a unit test holds the
+  two to the same text).
+- `sbom`: syft's SPDX JSON of each pushed image, one per platform, read from the registry.
+- `chart`: `helm package charts/glm-operator` and `helm push` to `oci://<registry>/charts`.
+- `local`: what the workflow does, on this machine without Docker: the images e2e/images.py
+  builds (linux/<this machine> only; the CUDA and CANN images are not built here) pushed from
+  its podman storage with `podman push`, then `sbom` and `chart`.
+
+`--plain-http` talks HTTP to the registry (a local test registry); never for a real one.
+Images are tagged `<registry>/<name>:<version>`, as the operator renders them with
+`imageRegistry: <registry>` (`glm-operator images` lists them); install the chart with
+`image.registry=<registry>` unless the registry is the chart's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "glm-operator"
+VERSIONS_TOML = REPO / "e2e" / "versions.toml"
+DIST = REPO / "dist"
+
+
+class ReleaseError(RuntimeError):
+    """A release step cannot go on; the message says which and what to do."""
+
+
+def log(message: str) -> None:
+    print(f"[release] {message}", file=sys.stderr, flush=True)
+
+
+# --- one version -------------------------------------------------------------------------
+
+
+def declared_versions() -> dict[str, str]:
+    """Every place the release version is written, by where it is written."""
+    from glm_operator import __version__
+
+    with (REPO / "pyproject.toml").open("rb") as handle:
+        project = tomllib.load(handle)["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return {
+        "pyproject.toml [project] version": str(project),
+        "glm_operator.__version__": __version__,
+        "charts/glm-operator/Chart.yaml version": str(chart["version"]),
+        "charts/glm-operator/Chart.yaml appVersion": str(chart["appVersion"]),
+    }
+
+
+def check_version(version: str, declared: dict[str, str] | None = None) -> None:
+    """Refuse a VERSION any of the declared versions disagrees with, naming each."""
+    declared = declared_versions() if declared is None else declared
+    if version.startswith("v"):
+        raise ReleaseError(f"VERSION={version}: give the version without the tag's `v` "
+                           f"({version[1:]}); the release tag is v<VERSION>")
+    wrong = {where: value for where, value in declared.items() if value != version}
+    if wrong:
+        lines = "\n".join(f"  {where} = {value}" for where, value in wrong.items())
+        raise ReleaseError(
+            f"VERSION={version} does not match:\n{lines}\n"
+            f"set them all to {version} (pyproject.toml, operator/glm_operator/__init__.py, "
+            "charts/glm-operator/Chart.yaml) or release the version they hold")
+
+
+# --- the images --------------------------------------------------------------------------
+
+
+def pinned(component: str) -> str:
+    with VERSIONS_TOML.open("rb") as handle:
+        return str(tomllib.load(handle)[component]["version"])
+
+
+@dataclass(frozen=True)
+class ReleaseImage:
+    """One released image: how docker buildx builds it and for which platforms."""
+
+    name: str  # e2e/images.py's name for it, and the --image choice
+    dockerfile: str  # relative to the repository
+    context: str
+    platforms: tuple[str, ...]
+    build_args: tuple[tuple[str, str], ...]
+    reference: Callable[[str, str], str]  # (registry, version) -> as the operator renders it
+
+    def buildx(self, registry: str, version: str, push: bool) -> list[str]:
+        cmd = ["docker", "buildx", "build", "--platform", ",".join(self.platforms),
+               "-f", self.dockerfile, self.context]
+        for key, value in self.build_args:
+            cmd += ["--build-arg", f"{key}={value}"]
+        cmd += ["-t", self.reference(registry, version)]
+        return [*cmd, "--push"] if push else cmd
+
+
+def _runtime(key: str) -> Callable[[str, str], str]:
+    def reference(registry: str, version: str) -> str:
+        from glm_operator.planning.accelerators import runtime_images
+
+        return runtime_images(registry, version)[key]
+
+    return reference
+
+
+def _config_image(attribute: str) -> Callable[[str, str], str]:
+    def reference(registry: str, version: str) -> str:
+        from glm_operator.config import OperatorConfig
+
+        image: str = getattr(OperatorConfig(imageRegistry=registry, imageTag=version), attribute)
+        return image
+
+    return reference
+
+
+def release_images() -> list[ReleaseImage]:
+    """Every image of ours the operator renders (the vLLM ones it renders are upstream's).
+
+    Platforms: the CPU llama.cpp image, the endpoint picker and the Python image build for
+    both; CUDA is amd64 only (cuda-wheels.txt pins the x86_64 wheels' hashes); CANN arm64 only
+    (Kunpeng hosts; one image per SoC, the default ascend910b3 for 910B)."""
+    llama = ("LLAMA_CPP_PYTHON_VERSION", pinned("llama_cpp_python"))
+    both = ("linux/amd64", "linux/arm64")
+    return [
+        ReleaseImage("llamacpp-cpu", "runtime-images/llamacpp/Dockerfile.cpu",
+                     "runtime-images/llamacpp", both, (llama,), _runtime("llamacpp-cpu")),
+        ReleaseImage("llamacpp-cuda", "runtime-images/llamacpp/Dockerfile.cuda",
+                     "runtime-images/llamacpp", ("linux/amd64",), (llama,),
+                     _runtime("llamacpp-cuda")),
+        ReleaseImage("llamacpp-cann", "runtime-images/llamacpp/Dockerfile.cann",
+                     "runtime-images/llamacpp", ("linux/arm64",),
+                     (llama, ("SOC_TYPE", "ascend910b3")), _runtime("llamacpp-cann")),
+        ReleaseImage("epp", "runtime-images/epp/Dockerfile", "runtime-images/epp", both,
+                     (("GAIE_VERSION", pinned("epp")),), _config_image("epp_image")),
+        ReleaseImage("glm-operator", "runtime-images/python/Dockerfile", ".", both, (),
+                     _config_image("operator_image")),
+    ]
+
+
+def select(names: Sequence[str]) -> list[ReleaseImage]:
+    images = release_images()
+    unknown = sorted(set(names) - {image.name for image in images})
+    if unknown:
+        raise ReleaseError(f"--image {', '.join(unknown)}: not a released image; choose from "
+                           f"{', '.join(image.name for image in images)}")
+    return [image for image in images if not names or image.name in names]
+
+
+def _run(cmd: Sequence[str], step: str, env: dict[str, str] | None = None,
+         timeout: float = 6 * 3600) -> subprocess.CompletedProcess[str]:
+    log(f"{step}: {shlex.join(cmd)}")
+    result = subprocess.run(list(cmd), cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise ReleaseError(f"{step}: `{shlex.join(cmd)}` failed (exit {result.returncode}):\n"
+                           f"{(result.stdout + result.stderr)[-4000:]}")
+    return result
+
+
+def shell_line(cmd: Sequence[str]) -> str:
+    """`cmd` as one shell line, with `$VARIABLE`s left for the shell (docs/images.md shows
+    `--registry '$REGISTRY' --version '$VERSION'` printed this way)."""
+    safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./$-")
+    return " ".join(arg if arg and set(arg) <= safe else shlex.quote(arg) for arg in cmd)
+
+
+def buildx(registry: str, version: str, names: Sequence[str], push: bool,
+           dry_run: bool) -> None:
+    for image in select(names):
+        cmd = image.buildx(registry, version, push)
+        if dry_run:
+            print(shell_line(cmd))
+            continue
+        log(f"building {image.name} for {', '.join(image.platforms)}")
+        # Streamed, not captured: a multi-arch build logs for hours.
+        if subprocess.run(cmd, cwd=REPO, check=False).returncode != 0:
+            raise ReleaseError(f"docker buildx build of {image.name} failed (log above)")
+
+
+# --- SBOMs -------------------------------------------------------------------------------
+
+
+def tool(name: str, pinned_build: bool = False) -> str:
+    """`name` (syft, helm) from PATH, as the workflow installs them at the pinned versions; else,
+    or always with `pinned_build` (make release), the toolchain's build of its pin."""
+    found = None if pinned_build else shutil.which(name)
+    if found:
+        return found
+    sys.path.insert(0, str(REPO))
+    from e2e import toolchain
+
+    return str(toolchain.ensure(name) / name)
+
+
+def sbom_file(out: Path, name: str, version: str, platform_: str) -> Path:
+    return out / f"{name}-{version}-{platform_.replace('/', '-')}.spdx.json"
+
+
+def sbom(registry: str, version: str, names: Sequence[str], out: Path, plain_http: bool,
+         platforms: Sequence[str] = (), pinned_build: bool = False) -> list[Path]:
+    """syft's SPDX JSON of each image as pushed, for each of its platforms (or `platforms`,
+    where an image has it: the local release pushes one)."""
+    syft = tool("syft", pinned_build)
+    env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
+    if plain_http:
+        env["SYFT_REGISTRY_INSECURE_USE_HTTP"] = "true"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for image in select(names):
+        for platform_ in image.platforms:
+            if platforms and platform_ not in platforms:
+                continue
+            target = sbom_file(out, image.name, version, platform_)
+            _run([syft, "scan", f"registry:{image.reference(registry, version)}",
+                  "--platform", platform_, "--output", f"spdx-json={target}", "--quiet"],
+                 f"sbom {image.name} {platform_}", env=env, timeout=1800)
+            written.append(target)
+    return written
+
+
+# --- the chart ---------------------------------------------------------------------------
+
+
+def chart(registry: str, version: str, out: Path, plain_http: bool,
+          pinned_build: bool = False) -> Path:
+    """`helm package` (the chart as committed: its version is VERSION, checked) and
+    `helm push` to oci://<registry>/charts, so it installs as
+    `helm install <release> oci://<registry>/charts/glm-operator --version <VERSION>`."""
+    helm = tool("helm", pinned_build)
+    out.mkdir(parents=True, exist_ok=True)
+    _run([helm, "package", str(CHART), "--destination", str(out)], "helm package")
+    package = out / f"glm-operator-{version}.tgz"
+    if not package.exists():
+        raise ReleaseError(f"helm package wrote no {package.name} in {out}")
+    _run([helm, "push", str(package), f"oci://{registry}/charts",
+          *(["--plain-http"] if plain_http else [])], "helm push")
+    return package
+
+
+# --- the local release (make release) ----------------------------------------------------
+
+
+def local(registry: str, version: str, out: Path, plain_http: bool) -> dict[str, object]:
+    """Build with e2e/images.py (podman storage, this machine's platform), push, SBOM, chart."""
+    sys.path.insert(0, str(REPO))
+    from e2e import images as local_images
+
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    here = f"linux/{arch}"
+    released = {image.name: image for image in release_images()}
+    built = {b.name: b for b in local_images.build_all() if b.name in released}
+    skipped = sorted(set(released) - set(built))
+    log(f"local release: {', '.join(sorted(built))} for {here} only (the workflow builds "
+        f"linux/amd64 and linux/arm64 with docker buildx); not built here: "
+        f"{', '.join(skipped)} (the release workflow builds them)")
+    store = local_images.Store.default()
+    store.prepare()
+    pushed: dict[str, dict[str, str]] = {}
+    for name, image in sorted(built.items()):
+        source = image.reference
+        target = released[name].reference(registry, version)
+        if source != released[name].reference(source.rsplit("/", 1)[0], version):
+            raise ReleaseError(f"{name}: built as {source}, not as version {version}")
+        digest_file = out / f"{name}.digest"
+        out.mkdir(parents=True, exist_ok=True)
+        store.run(store.podman("push", *(["--tls-verify=false"] if plain_http else []),
+                               "--digestfile", str(digest_file), source, f"docker://{target}"),
+                  f"podman push {name}", timeout=1800)
+        pushed[name] = {"image": target, "digest": digest_file.read_text().strip(),
+                        "platform": here}
+        log(f"pushed {target}@{pushed[name]['digest']}")
+    sboms = sbom(registry, version, sorted(built), out / "sbom", plain_http, platforms=[here],
+                 pinned_build=True)
+    package = chart(registry, version, out, plain_http, pinned_build=True)
+    summary: dict[str, object] = {
+        "version": version, "images": pushed, "notBuiltHere": skipped,
+        "sboms": [str(path.relative_to(out)) for path in sboms],
+        "chart": f"oci://{registry}/charts/glm-operator:{version}",
+        "chartPackage": str(package.relative_to(out)),
+    }
+    (out / f"release-{version}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/release.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {name: sub.add_parser(name) for name in ("check", "buildx", "sbom", "chart",
+                                                        "local")}
+    for name, command in commands.items():
+        command.add_argument("--version", required=True, help="the release version (no `v`)")
+        if name == "check":
+            continue
+        command.add_argument("--registry", required=True,
+                             help="where images go (<registry>/<name>:<version>) and the "
+                                  "chart (oci://<registry>/charts)")
+        if name in ("buildx", "sbom"):
+            command.add_argument("--image", action="append", default=[],
+                                 help="only this image (repeatable; default all)")
+        if name in ("sbom", "chart", "local"):
+            command.add_argument("--out", type=Path, default=DIST,
+                                 help="where SBOMs, the chart package and the summary go")
+            command.add_argument("--plain-http", action="store_true",
+                                 help="the registry speaks HTTP (a local test registry)")
+    commands["buildx"].add_argument("--push", action="store_true")
+    commands["buildx"].add_argument("--dry-run", action="store_true",
+                                    help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        if not (args.command == "buildx" and args.dry_run):
+            check_version(args.version)
+        registry = getattr(args, "registry", "").rstrip("/")
+        if args.command == "check":
+            log(f"{args.version}: pyproject, the operator and the chart agree")
+        elif args.command == "buildx":
+            buildx(registry, args.version, args.image, args.push, args.dry_run)
+        elif args.command == "sbom":
+            for path in sbom(registry, args.version, args.image, args.out / "sbom",
+                             args.plain_http):
+                print(path)
+        elif args.command == "chart":
+            print(chart(registry, args.version, args.out, args.plain_http))
+        else:
+            print(json.dumps(local(registry, args.version, args.out, args.plain_http),
+                             indent=2))
+    except ReleaseError as exc:
+        log(f"FAILED: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
