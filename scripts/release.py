@@ -1,7 +1,9 @@
 """Build and publish a release: the images the operator renders, an SBOM per image, the chart.
 
-One version for everything: VERSION must equal pyproject.toml's version, the operator's
-(`glm_operator.__version__`, the images' default tag) and the chart's version and appVersion.
+Run it with a Python that has the package installed (.venv/bin/python, or `pip install .`): the
+image names come from the operator's own config. One version for everything: VERSION must equal
+pyproject.toml's version, the operator's (`glm_operator.__version__`, the images' default tag)
+and the chart's version and appVersion.
 
     python3 scripts/release.py check  --version V
     python3 scripts/release.py buildx --registry R --version V [--image NAME ...] [--push]
