@@ -55,7 +55,7 @@ def steps(data: dict[Any, Any]) -> list[dict[str, Any]]:
 
 def test_the_workflows_pass_actionlint(actionlint: Path) -> None:
     files = sorted(WORKFLOWS.glob("*.yml"))
-    assert {f.name for f in files} == {"release.yml", "test.yml"}
+    assert {"release.yml", "test.yml"} <= {f.name for f in files}
     result = lint(actionlint, *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout == ""
