@@ -51,7 +51,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from glm_operator.gateway.metrics import KV_CACHE_USAGE_RATIO, REQUESTS_QUEUED
 from google.protobuf import struct_pb2
 
-from e2e import toolchain
+from e2e import procstat, toolchain
 from e2e.ports import free_port
 
 POD_PORT = 8080  # the gateway's port in every engine pod (the contract's --endpoint-target-ports)
@@ -228,12 +228,7 @@ class EndpointPicker:
             self._channel.close()
             self._channel = None
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            procstat.stop(self.process)
 
     def __enter__(self) -> EndpointPicker:
         return self

@@ -38,6 +38,7 @@ import grpc
 import yaml
 from glm_operator.render.pod import GATEWAY_CONTAINER
 
+from e2e import procstat
 from e2e.epp import EndpointPickerError
 from e2e.hpa_chain import ServedPod
 from e2e.kubectl import Kubectl, KubectlError
@@ -165,12 +166,7 @@ class RenderedPicker:
     def stop(self) -> None:
         if self.alive():
             assert self.process is not None
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+            procstat.stop(self.process)
 
 
 @dataclass

@@ -25,7 +25,7 @@ import pytest
 from glm_operator import __version__
 from glm_operator.config import OperatorConfig
 
-from e2e import images, toolchain
+from e2e import images, procstat, toolchain
 from e2e.kubectl import Kubectl
 from e2e.operator_fixtures import REPO
 from e2e.ports import free_port
@@ -77,8 +77,7 @@ def registry(release_tools: dict[str, Path],
                 time.sleep(0.2)
         yield f"127.0.0.1:{port}/glm"
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        procstat.stop(process)
         log.close()
 
 
