@@ -32,10 +32,10 @@ from glm_operator.api import (
 )
 from glm_operator.api.glmservice_status import FINISHED_PHASES, HISTORY_LIMIT
 from glm_operator.config import OperatorConfig
-from glm_operator.decide import main_pool
+from glm_operator.decide import main_pool, traffic
 from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
-from glm_operator.decide.gateway import GatewayFacts, gateway_poll
+from glm_operator.decide.gateway import gateway_poll
 from glm_operator.decide.long_context import ActivityReading, decide_idle, needs_reading
 from glm_operator.decide.observed import ObservedChildren, Ref, rolled_out
 from glm_operator.decide.references import UNOBSERVED, SecretsObserved, resolve_references
@@ -50,32 +50,19 @@ from glm_operator.decide.versions import (
 )
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.render.autoscaling import TargetsChoice, choose_targets
-from glm_operator.render.deployment import deployment_name
 from glm_operator.render.inference_pool import (
-    INFERENCE_GATEWAY_CRDS,
-    GatewayInputs,
-    build_inference_gateway,
     pool_name,
 )
-from glm_operator.render.meta import owner_reference
 from glm_operator.render.names import label_value
 from glm_operator.render.pod import PoolContext, startup_seconds
-from glm_operator.render.routing import RouteEntry, build_routing
 from glm_operator.render.service import (
     Capabilities,
     RenderedService,
     ServiceInputs,
-    main_service_name,
     plan_summary,
     rendered_service,
     service_name_for,
     service_url,
-)
-from glm_operator.render.traffic import (
-    VersionRoute,
-    build_destination_rule,
-    build_virtual_service,
-    service_host,
 )
 from glm_operator.wellknown import (
     ABORT_ANNOTATION,
@@ -170,7 +157,7 @@ def decide_service(
     rendered = _render_versions(serving, observed, config, capabilities)
     desired = rendered.desired
     if service.spec.endpoint_picker:
-        desired += _routing_objects(service, serving.routes, rendered)
+        desired += traffic.routing_objects(service, serving.routes, rendered.versions)
 
     wanted_replicas = _wanted_replicas(service)
     stable_after, promoted = _promotion(rollout.decision, serving.stable, versions, observed,
@@ -181,13 +168,13 @@ def decide_service(
     # With an inference gateway the HTTPRoute is the one writer of the weights: Istio's
     # gateway reads it (ENABLE_GATEWAY_API_INFERENCE_EXTENSION), and a VirtualService on the
     # same host would be a second, competing set of the same weights.
-    gateway = _gateway_facts(service, capabilities, inference_pools)
+    gateway = traffic.gateway_facts(service, capabilities, inference_pools)
     istio = (capabilities.istio and not service.spec.endpoint_picker
              and not service.spec.inference_gateway)
     if istio:
-        desired += _traffic_objects(service, serving.routes, versions.planned, config)
+        desired += traffic.traffic_objects(service, serving.routes, versions.planned, config)
     if gateway is not None and not gateway.missing_crds:
-        desired += _gateway_objects(service, serving.routes, config, capabilities.istio)
+        desired += traffic.gateway_objects(service, serving.routes, config, capabilities.istio)
 
     long_context, scale_to_zero, idle_requeue, idle_events = _long_context_pool(
         service, observed, config, long_context_activity, now)
@@ -211,7 +198,7 @@ def decide_service(
         router=service.spec.endpoint_picker,
         main_pool_asleep=main_pool.asleep(main_idle, observed),
         gateway=(None if gateway is None else replace(
-            gateway, pools=tuple(pool_name(name_of(service), r.model_version)
+            gateway, pools=tuple(pool_name(traffic.name_of(service), r.model_version)
                                  for r in serving.routes)))))
     events += _warnings_raised(previous.conditions, conditions)
 
@@ -383,32 +370,6 @@ def _sleepable_version(serving: Serving) -> str | None:
     return only.version.name
 
 
-def _routing_objects(service: GLMService, routes: list[VersionRoute],
-                     rendered: _Rendered) -> list[Obj]:
-    """The router's objects, once for the service: its route table holds every routed
-    version at the rollout's weight (the VirtualService's numbers). Each rendered version
-    gave its own entry; a routed version that could not be rendered (its ModelVersion gone,
-    its pods retained) keeps its Deployment's name and the defaults."""
-    inputs = [out.routing for _, out in rendered.versions if out.routing is not None]
-    if not inputs:
-        return []
-    own = {entry.model_version: entry for item in inputs for entry in item.routes}
-    name = service.metadata.name or ""
-    entries = []
-    for route in routes:
-        entry = own.get(route.model_version)
-        if entry is None:
-            entry = RouteEntry(route.model_version, route.weight,
-                               deployment_name(name, route.model_version, MAIN_POOL), 1,
-                               300.0, None)
-        entries.append(replace(entry, weight=route.weight))
-    # The current spec's settings (router replicas, failure mode) when it was rendered.
-    base = next((out.routing for item, out in rendered.versions
-                 if out.routing is not None and item.service is service), inputs[0])
-    return build_routing(replace(base, service=service, routes=tuple(entries),
-                                 owner=owner_reference(service)))
-
-
 def _wanted_targets(service: GLMService, wanted: VersionPlan,
                     rendered: _Rendered) -> TargetsChoice | None:
     """What the wanted version's autoscaler scales on under its plan: as render chose it, or,
@@ -467,57 +428,6 @@ def _long_context_pool(
             scale_to_zero_time=idle.scale_to_zero_time,
         )
     return status, scale_to_zero, idle.requeue_after, events
-
-
-def _traffic_objects(service: GLMService, routes: list[VersionRoute],
-                     planned: VersionPlan | None, config: OperatorConfig) -> list[Obj]:
-    name, namespace = service.metadata.name or "", service.metadata.namespace or ""
-    host = service_host(main_service_name(name), namespace, config)
-    owner = owner_reference(service)
-    autoscaling = service.spec.autoscaling
-    replicas = autoscaling.max_replicas if autoscaling else service.spec.effective_replicas
-    slots = planned.plan.request.concurrency if planned and planned.plan else 1
-    # Every live version's pods can take the pool's full load during a rollout.
-    max_requests = slots * max(1, replicas) * max(1, len(routes))
-    return [
-        build_destination_rule(main_service_name(name), namespace, name, host, routes,
-                               max_requests, owner),
-        build_virtual_service(main_service_name(name), namespace, name, host, routes, owner),
-    ]
-
-
-def name_of(service: GLMService) -> str:
-    return service.metadata.name or ""
-
-
-def _gateway_facts(service: GLMService, capabilities: Capabilities,
-                   inference_pools: Sequence[Obj]) -> GatewayFacts | None:
-    """spec.routing.mode InferenceGateway: which of its CRDs are missing, and the pools as
-    read (their status is the gateway's answer). None in the other modes."""
-    if not service.spec.inference_gateway:
-        return None
-    ref = service.spec.routing.gateway_ref
-    assert ref is not None  # the API's rule: InferenceGateway needs gatewayRef
-    return GatewayFacts(
-        gateway=f"{ref.namespace or service.metadata.namespace}/{ref.name}",
-        missing_crds=tuple(c for c in INFERENCE_GATEWAY_CRDS
-                           if c not in capabilities.inference_crds),
-        observed=tuple(inference_pools))
-
-
-def _gateway_objects(service: GLMService, routes: list[VersionRoute], config: OperatorConfig,
-                     istio: bool) -> list[Obj]:
-    """Per routed version a picker and an InferencePool, and the HTTPRoute with the
-    rollout's weights: the same numbers the VirtualService or the router would get."""
-    name, namespace = name_of(service), service.metadata.namespace or ""
-    routing = service.spec.routing
-    assert routing.gateway_ref is not None
-    return build_inference_gateway(GatewayInputs(
-        service=name, namespace=namespace, gateway=routing.gateway_ref,
-        hostnames=routing.hostnames or [service_host(main_service_name(name), namespace,
-                                                     config)],
-        routes=routes, failure_mode=routing.failure_mode, config=config,
-        owner=owner_reference(service), istio=istio))
 
 
 def _endpoint(service: GLMService, config: OperatorConfig, pool: str) -> str:
