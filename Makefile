@@ -30,9 +30,10 @@ venv: $(VENV)/.installed ## Create .venv with the package and its test and lint 
 # mmdebstrap, buildah, podman, runc and catatonit (the image builds and pods of e2e/images.py:
 # a Debian rootfs, buildah builds on it, podman runs them with runc; catatonit is the init of
 # podman's local pause image), python3-pip (Debian's python3 resolves the glm-operator image's
-# wheels: the image runs that same Python).
+# wheels: the image runs that same Python); qemu-user-static and arch-test (the arm64 builds
+# of the images run arm64 code emulated: e2e/images_foreign.py).
 SYSTEM_PACKAGES := prometheus redis-server iproute2 openssl mmdebstrap buildah podman runc \
-  catatonit python3-pip
+  catatonit python3-pip qemu-user-static arch-test
 
 .PHONY: deps
 deps: venv ## Install system packages the tests need (Debian; skipped when present)
@@ -45,6 +46,10 @@ toolchain: venv ## Build and cache the control plane, helm, the real CRDs, llama
 .PHONY: images
 images: deps toolchain ## Build the llama.cpp CPU, endpoint picker and glm-operator images (podman storage under ~/.cache/glm-operator)
 	$(PY) -m e2e.images build
+
+.PHONY: images-multiarch
+images-multiarch: deps toolchain ## The same, and the glm-operator and endpoint picker images for linux/arm64 too (emulated: e2e/images_foreign.py)
+	$(PY) -m e2e.images build --arch arm64
 
 # A release of the images, their SBOMs and the chart, as .github/workflows/release.yml makes
 # one on a tag (scripts/release.py; docs/install.md, "Releasing"). Here: the images make images

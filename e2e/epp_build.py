@@ -39,15 +39,16 @@ def copy_source(module_dir: Path, dest: Path) -> None:
         path.chmod(path.stat().st_mode | stat.S_IWUSR)
 
 
-def build_epp(version: str, out: Path, work: Path) -> None:
-    """`epp` from the module's cmd/epp, CGO off, -trimpath (toolchain._go_build_with_progress)."""
+def build_epp(version: str, out: Path, work: Path, goarch: str | None = None) -> None:
+    """`epp` from the module's cmd/epp, CGO off, -trimpath (toolchain._go_build_with_progress);
+    for linux/<goarch> when given (the image's other architecture)."""
     from e2e.toolchain import _go_build_with_progress, _module_info
 
-    name = "epp"
+    name = "epp" if goarch is None else f"epp ({goarch})"
     info = _module_info(name, f"{MODULE}@{version}", work)
     src = work / "gaie"
     copy_source(Path(info["Dir"]), src)
-    _go_build_with_progress(name, src, ["./cmd/epp"], out, ldflags(version))
+    _go_build_with_progress(name, src, ["./cmd/epp"], out, ldflags(version), goarch=goarch)
 
 
 def ldflags(version: str) -> str:

@@ -244,21 +244,37 @@ class Built:
     cached: bool
 
 
-def base_reference() -> str:
-    return f"localhost/glm-operator-base:{DEBIAN_SUITE}-{base_inputs_hash()}"
+def native_arch() -> str:
+    """This machine's architecture as images name it (GOARCH: amd64, arm64)."""
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
 
 
-def ensure_base(store: Store) -> Built:
-    reference = base_reference()
+def arch_suffix(arch: str | None) -> str:
+    """What tells another architecture's build apart in the storage: nothing for this
+    machine's (the names and caches of the single-architecture builds stay as they were)."""
+    return "" if arch in (None, native_arch()) else f"-{arch}"
+
+
+def base_reference(arch: str | None = None) -> str:
+    return f"localhost/glm-operator-base:{DEBIAN_SUITE}-{base_inputs_hash()}{arch_suffix(arch)}"
+
+
+def ensure_base(store: Store, arch: str | None = None) -> Built:
+    """The Debian base for `arch` (default this machine's). Another architecture's runs its
+    packages' maintainer scripts under emulation (e2e/images_foreign.py checks for it)."""
+    reference = base_reference(arch)
     if store.image_exists(reference):
         return Built("base", reference, store.image_size(reference), 0.0, True)
     started = time.monotonic()
     log(f"mmdebstrap {DEBIAN_SUITE} -> {reference}")
+    arch_flags = ["--arch", arch] if arch_suffix(arch) else []
     with tempfile.TemporaryDirectory(prefix="glm-base-", dir=store.root) as work:
         rootfs = Path(work) / "rootfs.tar"
-        store.run(["mmdebstrap", "--mode=root", "--format=tar", *MMDEBSTRAP_OPTIONS,
-                   DEBIAN_SUITE, str(rootfs), *DEBIAN_SOURCES], "mmdebstrap", timeout=1200)
-        store.run(store.podman("import", "--change", f"ENV=PATH={BASE_PATH}",
+        store.run(["mmdebstrap", "--mode=root", "--format=tar", *arch_flags,
+                   *MMDEBSTRAP_OPTIONS, DEBIAN_SUITE, str(rootfs), *DEBIAN_SOURCES],
+                  "mmdebstrap", timeout=2400)
+        store.run(store.podman("import", *arch_flags, "--change", f"ENV=PATH={BASE_PATH}",
                                "--change", 'CMD=["bash"]', str(rootfs), reference),
                   "podman import")
     return Built("base", reference, store.image_size(reference),
@@ -274,6 +290,11 @@ class ImageSpec:
     reference: str
     target: str = "runtime-prebuilt"
     build_args: tuple[tuple[str, str], ...] = ()
+    arch: str | None = None  # None: this machine's (e2e/images_foreign.py builds others)
+
+    @property
+    def platform(self) -> str:
+        return f"linux/{self.arch or native_arch()}"
 
     def inputs_hash(self, base_id: str, files: Sequence[tuple[str, bytes]]) -> str:
         """The Dockerfile, the target, the base's image ID, the build arguments (when there are
@@ -286,7 +307,7 @@ class ImageSpec:
         return _digest(*parts)
 
     def cache_tag(self, inputs: str) -> str:
-        return f"{self.reference.rsplit(':', 1)[0]}:inputs-{inputs}"
+        return f"{self.reference.rsplit(':', 1)[0]}:inputs-{inputs}{arch_suffix(self.arch)}"
 
 
 def context_files(context: Path) -> list[tuple[str, bytes]]:
@@ -315,6 +336,7 @@ def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs:
                   for arg in ("--build-arg", f"{name}={value}")]
     store.run(["nice", "-n", "19", *store.buildah(
         "bud", "--pull=never", "--isolation", "chroot", "--layers=false",
+        "--platform", spec.platform,
         "--build-arg", f"BASE={base}", *build_args, "--target", spec.target,
         "-f", str(context / "Dockerfile"), "-t", cache_tag, "-t", spec.reference,
         str(context))], f"buildah bud {spec.name}", timeout=timeout)
@@ -330,9 +352,18 @@ def forget_older_builds(store: Store, spec: ImageSpec, keep: str) -> None:
     repository = spec.reference.rsplit(":", 1)[0]
     listed = store.run(store.podman("images", "--format", "{{.Repository}}:{{.Tag}}",
                                     repository), "podman images").stdout.split()
-    stale = [tag for tag in listed if ":inputs-" in tag and tag != keep]
+    # Only this architecture's: another's build of the same image is not an older one.
+    suffix = arch_suffix(spec.arch)
+    stale = [tag for tag in listed if ":inputs-" in tag and tag != keep
+             and arch_suffix(_tag_arch(tag)) == suffix]
     if stale:  # removes the tag only where another tag still holds the image
         store.run(store.podman("rmi", *stale), "podman rmi", check=False)
+
+
+def _tag_arch(tag: str) -> str | None:
+    """The architecture a cache tag (`...:inputs-<hash>[-<arch>]`) was built for."""
+    rest = tag.rsplit(":inputs-", 1)[1]
+    return rest.split("-", 1)[1] if "-" in rest else None
 
 
 def llama_cpu_spec() -> ImageSpec:
@@ -504,15 +535,15 @@ def _project_sources() -> list[Path]:
     return files
 
 
-def _python_inputs() -> list[tuple[str, bytes]]:
+def python_inputs() -> list[tuple[str, bytes]]:
     """The image's inputs besides the Dockerfile: the project's sources. The wheels follow from
     them (dependency versions float within pyproject's ranges until the sources change)."""
     return [(str(path.relative_to(REPO)), path.read_bytes()) for path in _project_sources()]
 
 
-def _wheel_platforms() -> list[str]:
-    """Every manylinux tag a wheel may carry to run on the image's glibc."""
-    machine = platform.machine()
+def _wheel_platforms(arch: str | None = None) -> list[str]:
+    """Every manylinux tag a wheel may carry to run on the image's glibc and architecture."""
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch or native_arch(), arch)
     tags = [f"manylinux_2_{minor}_{machine}" for minor in range(IMAGE_GLIBC[1], 4, -1)]
     return [*tags, f"manylinux2014_{machine}", f"manylinux2010_{machine}",
             f"manylinux1_{machine}", f"linux_{machine}"]
@@ -536,10 +567,11 @@ def _resolving_python() -> str:
         "(make deps)")
 
 
-def _python_context(work: Path) -> Path:
+def python_context(work: Path, arch: str | None = None) -> Path:
     """The Dockerfile and wheels/: the project's wheel and its dependencies' wheels for the
-    image's Python, downloaded here (the host trusts PyPI's certificate; the build does not)."""
-    context = work / "python"
+    image's Python and architecture, downloaded here (the host trusts PyPI's certificate; the
+    build does not)."""
+    context = work / f"python{arch_suffix(arch)}"
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
     shutil.copy2(python_spec().dockerfile, context / "Dockerfile")
@@ -556,7 +588,7 @@ def _python_context(work: Path) -> Path:
     store_free_run([_resolving_python(), "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                     "--python-version", IMAGE_PYTHON, "--implementation", "cp",
                     "--abi", f"cp{major}{minor}", "--abi", "abi3", "--abi", "none",
-                    *(arg for tag in _wheel_platforms() for arg in ("--platform", tag)),
+                    *(arg for tag in _wheel_platforms(arch) for arg in ("--platform", tag)),
                     "--dest", str(wheels), str(project)], "pip download (dependencies)")
     return context
 
@@ -589,9 +621,9 @@ def build_all() -> list[Built]:
         built.append(reuse(store, epp, inputs)
                      or build_image(store, epp, context, base.reference, inputs))
         python = python_spec()
-        inputs = python.inputs_hash(base_id, _python_inputs())
+        inputs = python.inputs_hash(base_id, python_inputs())
         built.append(reuse(store, python, inputs)
-                     or build_image(store, python, _python_context(work), base.reference,
+                     or build_image(store, python, python_context(work), base.reference,
                                     inputs))
         return built
 
@@ -600,7 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.images", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build what is missing and print the images")
+    build = sub.add_parser("build", help="build what is missing and print the images")
+    build.add_argument("--arch", action="append", default=[], choices=("amd64", "arm64"),
+                       help="also build the images e2e/images_foreign.py makes for this "
+                            "architecture (repeatable; this machine's is always built)")
     sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (35 min cold: "
                                       "docs/images.md)")
     podman = sub.add_parser("podman", help="run podman on the images' storage")
@@ -613,7 +648,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                               env=store.env(), check=False).returncode
     started = time.monotonic()
     try:
-        built = [build_cuda()] if args.command == "build-cuda" else build_all()
+        if args.command == "build-cuda":
+            built = [build_cuda()]
+        else:
+            from e2e.images_foreign import build_foreign
+
+            built = build_all()
+            for arch in dict.fromkeys(args.arch):
+                if arch != native_arch():
+                    built += build_foreign(arch)
     except (ImageBuildError, toolchain.BuildError) as exc:
         log(f"FAILED: {exc}")
         return 1

@@ -48,7 +48,7 @@ BY_FIXTURE: dict[str, tuple[str, ...]] = {
     "vllm_python": (VLLM,),
     "vllm_lists": (VLLM,),
     "vllm_engine": (VLLM,),
-    "release_tools": ("crane", "syft"),
+    "release_tools": ("crane", "syft", "epp_arm64"),
 }
 BY_MARKER: dict[str, tuple[str, ...]] = {
     "llama": ("llama_cpp_python",),
@@ -56,8 +56,8 @@ BY_MARKER: dict[str, tuple[str, ...]] = {
 # The order the background build finishes them in (two at a time, llama-server alongside the
 # Go builds and longest); tests run in this order too. The vLLM venv is mostly download.
 LATE_ORDER: tuple[str, ...] = (
-    VLLM, "minio", "lws", "epp", "keda_controller", "custom_metrics_apiserver", "crane", "syft",
-    "llama_cpp_python",
+    VLLM, "minio", "lws", "epp", "epp_arm64", "keda_controller", "custom_metrics_apiserver",
+    "crane", "syft", "llama_cpp_python",
 )
 # (LeaderWorkerSet and KEDA before the HPA modules: their waits are outside the tests'
 # timeouts, and KEDA's module then runs on nodes the HPA tests' pods have not used yet.)

@@ -2,13 +2,17 @@
 and the chart to a local OCI registry (go-containerregistry's `crane registry serve`, plain
 HTTP), the chart installs the operator into the local cluster from `oci://` at the released
 version, and podman pulls every released image from that registry into an empty storage,
-getting the very images that were built (same image IDs).
+getting the very images that were built (same image IDs), for each platform.
 
-What is not proven here: the multi-arch builds and the CUDA and CANN images, which only the
-release workflow (docker buildx) makes; `make release` says so and the summary lists them.
+Multi-arch: the glm-operator and endpoint-picker images are pushed as one OCI index of
+linux/amd64 and linux/arm64 (the arm64 builds of e2e/images_foreign.py, emulated); podman
+pulls each platform's image, the arm64 binaries are AArch64 ELF files, and the arm64
+glm-operator image runs (emulated). What is not proven here: the CUDA and CANN images and
+the llama.cpp CPU image for arm64, which only the release workflow (docker buildx) makes;
+`make release` says so and the summary lists them by platform.
 
-Warm (images built, tools cached) the module takes about a minute and a half: the pushes of
-the three images (about 500 MB) and the pulls back dominate.
+Warm (images built, tools cached) the module takes about two minutes: the pushes of the five
+images (about 900 MB) and the pulls back dominate.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pytest
 from glm_operator import __version__
 from glm_operator.config import OperatorConfig
 
-from e2e import images, procstat, toolchain
+from e2e import images, images_foreign, procstat, toolchain
 from e2e.kubectl import Kubectl
 from e2e.operator_fixtures import REPO
 from e2e.ports import free_port
@@ -38,16 +42,35 @@ __all__ = ["helm", "release_namespace"]  # fixtures used by name
 # and may be built cold here: more than the suite's default timeout.
 pytestmark = [pytest.mark.llama, pytest.mark.timeout(1800)]
 
-RELEASED_HERE = {"llamacpp-cpu", "epp", "glm-operator"}
-NOT_BUILT_HERE = ["llamacpp-cann", "llamacpp-cuda"]
+BOTH = ["linux/amd64", "linux/arm64"]
+RELEASED_HERE = {"llamacpp-cpu": ["linux/amd64"], "epp": BOTH, "glm-operator": BOTH}
+NOT_BUILT_HERE = {"llamacpp-cann": ["linux/arm64"], "llamacpp-cpu": ["linux/arm64"],
+                  "llamacpp-cuda": ["linux/amd64"]}
 # The name each is built under in e2e/images.py's storage (the default registry).
 BUILT_AS = {"llamacpp-cpu": images.llama_cpu_spec, "epp": images.epp_spec,
             "glm-operator": images.python_spec}
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+# ELF e_machine of each architecture's binaries.
+ELF_MACHINE = {"amd64": 62, "arm64": 183}
+# The main binary of each image.
+BINARY = {"llamacpp-cpu": "/usr/local/bin/llama-server", "epp": "/usr/local/bin/epp",
+          "glm-operator": "/usr/bin/python3.11"}
+
+
+def built_reference(name: str, platform: str) -> str:
+    """Where e2e/images.py (this machine's) or e2e/images_foreign.py (another's) stored it."""
+    spec = BUILT_AS[name]()
+    arch = platform.split("/")[1]
+    if arch == images.native_arch():
+        return spec.reference
+    return images_foreign.foreign_spec(spec, arch).reference
 
 
 @pytest.fixture(scope="module")
 def release_tools() -> dict[str, Path]:
-    """crane (the registry) and syft (the SBOMs), built by the toolchain."""
+    """crane (the registry) and syft (the SBOMs), built by the toolchain; and the picker for
+    arm64, which `make release` puts in that platform's image."""
+    toolchain.ensure("epp_arm64")
     return {name: toolchain.ensure(name) / name for name in ("crane", "syft")}
 
 
@@ -116,9 +139,12 @@ def test_make_release_refuses_another_version(registry: str) -> None:
 def test_the_images_are_pushed_as_the_operator_renders_them(
         released: dict[str, Any], registry: str, release_tools: dict[str, Path]) -> None:
     summary = released["summary"]
-    assert set(summary["images"]) == RELEASED_HERE
+    assert {name: pushed["platforms"] for name, pushed in summary["images"].items()} == \
+        RELEASED_HERE
     assert summary["notBuiltHere"] == NOT_BUILT_HERE
-    assert "not built here: llamacpp-cann, llamacpp-cuda" in released["log"]
+    assert "not built here (the release workflow builds them with docker buildx): " \
+        "llamacpp-cann linux/arm64; llamacpp-cpu linux/arm64; llamacpp-cuda linux/amd64" \
+        in released["log"]
     config = OperatorConfig(imageRegistry=registry, imageTag=__version__)
     assert summary["images"]["glm-operator"]["image"] == config.operator_image
     assert summary["images"]["epp"]["image"] == config.epp_image
@@ -128,18 +154,35 @@ def test_the_images_are_pushed_as_the_operator_renders_them(
         assert crane(release_tools, "ls", repository).split() == [__version__], name
         digest = crane(release_tools, "digest", pushed["image"]).strip()
         assert digest == pushed["digest"], name
+        manifest = json.loads(crane(release_tools, "manifest", pushed["image"]))
+        if len(pushed["platforms"]) == 1:  # the control: one platform is one image manifest
+            assert manifest["mediaType"] != OCI_INDEX, name
+            continue
+        assert manifest["mediaType"] == OCI_INDEX, name
+        assert sorted(f"{m['platform']['os']}/{m['platform']['architecture']}"
+                      for m in manifest["manifests"]) == BOTH, name
 
 
 def test_an_sbom_per_image_lists_what_is_in_it(released: dict[str, Any]) -> None:
     out, summary = released["out"], released["summary"]
-    assert len(summary["sboms"]) == len(RELEASED_HERE)
+    assert len(summary["sboms"]) == sum(map(len, RELEASED_HERE.values()))
     packages: dict[str, set[str]] = {}
-    for name in RELEASED_HERE:
-        (path,) = [p for p in summary["sboms"] if Path(p).name.startswith(f"{name}-")]
-        document = json.loads((out / path).read_text())
-        assert document["spdxVersion"] == "SPDX-2.3"
-        assert document["name"] == summary["images"][name]["image"].rsplit(":", 1)[0]
-        packages[name] = {package["name"] for package in document["packages"]}
+    for name, platforms in RELEASED_HERE.items():
+        for platform in platforms:
+            arch = platform.split("/")[1]
+            (path,) = [p for p in summary["sboms"]
+                       if Path(p).name == f"{name}-{__version__}-linux-{arch}.spdx.json"]
+            document = json.loads((out / path).read_text())
+            assert document["spdxVersion"] == "SPDX-2.3"
+            assert document["name"] == summary["images"][name]["image"].rsplit(":", 1)[0]
+            # Each platform's SBOM is of that platform's image: its Debian packages' purls
+            # carry the architecture (the control: no purl of the other one).
+            purls = {ref["referenceLocator"] for package in document["packages"]
+                     for ref in package.get("externalRefs", ())
+                     if ref.get("referenceType") == "purl" and "pkg:deb/debian/libc6@"
+                     in ref["referenceLocator"]}
+            assert purls and all(f"arch={arch}" in purl for purl in purls), (name, purls)
+            packages[name] = {package["name"] for package in document["packages"]}
     # The Python image's venv, Debian's packages in every image; the control: the picker's
     # image (a Go binary on the base) has no Python packages.
     assert {"kopf", "pydantic", "glm-operator"} <= packages["glm-operator"]
@@ -181,17 +224,35 @@ def test_the_chart_installs_from_the_registry(
 
 def test_podman_pulls_the_released_images(released: dict[str, Any],
                                           tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Into an empty storage of their own: each pulled image is the one built (same ID, the
-    config's digest), and the operator's image runs."""
+    """Into an empty storage of their own, each platform of each image: the image pulled is
+    the one built (same ID, the config's digest), for that architecture, its main binary an
+    ELF file of that architecture; the operator's image runs on both (arm64 emulated)."""
     built = images.Store.default()
     pulled = images.Store(tmp_path_factory.mktemp("pulled-store"))
     pulled.prepare()
     try:
         for name, pushed in sorted(released["summary"]["images"].items()):
-            pulled.run(pulled.podman("pull", "--tls-verify=false", pushed["image"]),
-                       f"podman pull {name}", timeout=600)
-            source = BUILT_AS[name]().reference
-            assert pulled.image_id(pushed["image"]) == built.image_id(source), name
+            for platform in pushed["platforms"]:
+                arch = platform.split("/")[1]
+                image_id = pulled.run(pulled.podman(
+                    "pull", "--quiet", "--tls-verify=false", "--platform", platform,
+                    pushed["image"]), f"podman pull {name} {platform}", timeout=600).stdout
+                image_id = image_id.strip().splitlines()[-1]
+                assert image_id == built.image_id(built_reference(name, platform)), \
+                    (name, platform)
+                assert images_foreign.image_arch(pulled, image_id) == arch, (name, platform)
+                assert binary_machine(pulled, image_id, BINARY[name]) == ELF_MACHINE[arch], \
+                    (name, platform)
+                if name != "glm-operator":
+                    continue
+                ran = pulled.run(pulled.podman(
+                    "run", "--rm", "--network", "none", "--arch", arch, "--entrypoint",
+                    "python3", image_id, "-c",
+                    "import platform, glm_operator; "
+                    "print(platform.machine(), glm_operator.__version__)"),
+                    f"podman run glm-operator ({platform})")
+                machine = images_foreign.QEMU_NAMES[arch]
+                assert ran.stdout.split() == [machine, __version__], ran.stdout
         version = pulled.run(pulled.podman(
             "run", "--rm", "--network", "none",
             released["summary"]["images"]["glm-operator"]["image"], "--version"),
@@ -200,3 +261,20 @@ def test_podman_pulls_the_released_images(released: dict[str, Any],
     finally:
         pulled.run(pulled.podman("system", "reset", "--force"), "podman system reset",
                    check=False)
+
+
+def binary_machine(store: images.Store, image: str, path: str) -> int:
+    """The ELF machine of `path` in `image`, read from the image's mounted file system (no
+    code of the image runs)."""
+    mounted = store.run(store.podman("image", "mount", image), "podman image mount")
+    try:
+        root = Path(mounted.stdout.strip())
+        target = root / path.lstrip("/")
+        while target.is_symlink():  # an absolute link points inside the image
+            link = Path(target.readlink())
+            target = root / str(link).lstrip("/") if link.is_absolute() else \
+                target.parent / link
+        return images_foreign.elf_machine(target)
+    finally:
+        store.run(store.podman("image", "unmount", image), "podman image unmount",
+                  check=False)

@@ -50,7 +50,7 @@ def versions() -> dict[str, str]:
 
 
 # Components built from a module pinned under another component's name (one pin, two caches).
-SAME_VERSION_AS = {"keda_controller": "keda", "inference_extension": "epp"}
+SAME_VERSION_AS = {"keda_controller": "keda", "inference_extension": "epp", "epp_arm64": "epp"}
 
 
 def component_dir(name: str) -> Path:
@@ -121,9 +121,13 @@ def _go_build_with_progress(
     out_dir: Path,
     ldflags: str = "",
     tags: str = "",
+    goarch: str | None = None,
 ) -> None:
-    """`go build -v`, reporting how many of the dependency packages are compiled so far."""
+    """`go build -v`, reporting how many of the dependency packages are compiled so far; for
+    another architecture with `goarch` (CGO is off: no cross C compiler is needed)."""
     env = _go_env()
+    if goarch:
+        env["GOARCH"] = goarch
     total_text = _run(["go", "list", "-deps", *packages], module_dir, component, env)
     total = max(1, len(total_text.split()))
     cmd = ["go", "build", "-v", "-trimpath", "-o", str(out_dir) + "/"]
@@ -418,6 +422,14 @@ def build_epp(version: str, out: Path, work: Path) -> None:
     build(version, out, work)
 
 
+def build_epp_arm64(version: str, out: Path, work: Path) -> None:
+    """The same picker cross-compiled for linux/arm64 (GOARCH=arm64), for the arm64 build of
+    its image (e2e/images_foreign.py)."""
+    from e2e.epp_build import build_epp as build
+
+    build(version, out, work, goarch="arm64")
+
+
 def build_llama_server(version: str, out: Path, work: Path) -> None:
     """llama-server and ggml-rpc-server (CPU) from the llama.cpp tree vendored in the
     llama-cpp-python sdist. The cmake flags are the ones runtime-images/llamacpp/Dockerfile.cpu
@@ -444,6 +456,7 @@ BUILDERS: dict[str, Callable[[str, Path, Path], None]] = {
     "minio": build_minio,
     "custom_metrics_apiserver": build_custom_metrics_apiserver,
     "epp": build_epp,
+    "epp_arm64": build_epp_arm64,
     "actionlint": build_actionlint,
     "crane": build_crane,
     "syft": build_syft,
@@ -495,7 +508,7 @@ FIRST = ["kubernetes", "etcd", "kwok", "helm", "istio", "prometheus_operator", "
 # Longest first, so two builds at a time finish close together.
 BUILD_ORDER = [
     "kubernetes", "minio", "llama_cpp_python", "keda_controller", "custom_metrics_apiserver",
-    "syft", "lws", "epp", "kwok", "crane",
+    "syft", "lws", "epp", "epp_arm64", "kwok", "crane",
     "helm", "etcd", "actionlint",
 ]
 

@@ -19,8 +19,11 @@ and the chart's version and appVersion.
 - `sbom`: syft's SPDX JSON of each pushed image, one per platform, read from the registry.
 - `chart`: `helm package charts/glm-operator` and `helm push` to `oci://<registry>/charts`.
 - `local`: what the workflow does, on this machine without Docker: the images e2e/images.py
-  builds (linux/<this machine> only; the CUDA and CANN images are not built here) pushed from
-  its podman storage with `podman push`, then `sbom` and `chart`.
+  builds for this machine's platform, and for linux/arm64 the glm-operator and endpoint-picker
+  images e2e/images_foreign.py builds (emulated), pushed from its podman storage (one
+  platform with `podman push`, several as one OCI index with `podman manifest push --all`),
+  then `sbom` and `chart`. Not built here: the CUDA and CANN images, and the llama.cpp CPU
+  image for arm64; the summary's `notBuiltHere` lists them by platform.
 
 `--plain-http` talks HTTP to the registry (a local test registry); never for a real one.
 Images are tagged `<registry>/<name>:<version>`, as the operator renders them with
@@ -33,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import subprocess
@@ -42,6 +44,7 @@ import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -266,40 +269,75 @@ def chart(registry: str, version: str, out: Path, plain_http: bool,
 # --- the local release (make release) ----------------------------------------------------
 
 
+def _push(store: Any, name: str, sources: dict[str, str], target: str, out: Path,
+          plain_http: bool) -> str:
+    """Push `name`'s builds (platform -> local reference) to `target`: one image as it is, two
+    or more as one multi-platform index (a podman manifest list, pushed with --all). Returns
+    the digest pushed (the index's for several)."""
+    from e2e.images_foreign import manifest_list
+
+    digest_file = out / f"{name}.digest"
+    out.mkdir(parents=True, exist_ok=True)
+    tls = ["--tls-verify=false"] if plain_http else []
+    if len(sources) == 1:
+        (source,) = sources.values()
+        store.run(store.podman("push", *tls, "--digestfile", str(digest_file), source,
+                               f"docker://{target}"), f"podman push {name}", timeout=1800)
+    else:
+        index = f"localhost/release-index/{name}:{target.rsplit(':', 1)[1]}"
+        manifest_list(store, index, [sources[p] for p in sorted(sources)])
+        store.run(store.podman("manifest", "push", "--all", *tls, "--format", "oci",
+                               "--digestfile", str(digest_file), index, f"docker://{target}"),
+                  f"podman manifest push {name}", timeout=3600)
+    return digest_file.read_text().strip()
+
+
 def local(registry: str, version: str, out: Path, plain_http: bool) -> dict[str, object]:
-    """Build with e2e/images.py (podman storage, this machine's platform), push, SBOM, chart."""
+    """Build with e2e/images.py (podman storage): this machine's platform, and linux/arm64
+    emulated for the images e2e/images_foreign.py builds; push each image (several platforms
+    as one index), SBOM per platform, chart."""
     sys.path.insert(0, str(REPO))
     from e2e import images as local_images
+    from e2e import images_foreign
 
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
-    here = f"linux/{arch}"
+    here = f"linux/{local_images.native_arch()}"
     released = {image.name: image for image in release_images()}
-    built = {b.name: b for b in local_images.build_all() if b.name in released}
-    skipped = sorted(set(released) - set(built))
-    log(f"local release: {', '.join(sorted(built))} for {here} only (the workflow builds "
-        f"linux/amd64 and linux/arm64 with docker buildx); not built here: "
-        f"{', '.join(skipped)} (the release workflow builds them)")
+    sources: dict[str, dict[str, str]] = {}
+    for built in local_images.build_all():
+        if built.name in released:
+            sources.setdefault(built.name, {})[here] = built.reference
+    for arch in ("amd64", "arm64"):
+        if f"linux/{arch}" == here:
+            continue
+        for built in images_foreign.build_foreign(arch):
+            if built.name in released and f"linux/{arch}" in released[built.name].platforms:
+                sources.setdefault(built.name, {})[f"linux/{arch}"] = built.reference
+    not_built = {name: [p for p in image.platforms if p not in sources.get(name, {})]
+                 for name, image in sorted(released.items())}
+    not_built = {name: platforms for name, platforms in not_built.items() if platforms}
+    log("local release: " + "; ".join(f"{name} for {', '.join(sorted(platforms))}"
+                                      for name, platforms in sorted(sources.items()))
+        + "; not built here (the release workflow builds them with docker buildx): "
+        + "; ".join(f"{name} {', '.join(platforms)}" for name, platforms in not_built.items()))
     store = local_images.Store.default()
     store.prepare()
-    pushed: dict[str, dict[str, str]] = {}
-    for name, image in sorted(built.items()):
-        source = image.reference
+    pushed: dict[str, dict[str, object]] = {}
+    for name, platforms in sorted(sources.items()):
         target = released[name].reference(registry, version)
-        if source != released[name].reference(source.rsplit("/", 1)[0], version):
-            raise ReleaseError(f"{name}: built as {source}, not as version {version}")
-        digest_file = out / f"{name}.digest"
-        out.mkdir(parents=True, exist_ok=True)
-        store.run(store.podman("push", *(["--tls-verify=false"] if plain_http else []),
-                               "--digestfile", str(digest_file), source, f"docker://{target}"),
-                  f"podman push {name}", timeout=1800)
-        pushed[name] = {"image": target, "digest": digest_file.read_text().strip(),
-                        "platform": here}
-        log(f"pushed {target}@{pushed[name]['digest']}")
-    sboms = sbom(registry, version, sorted(built), out / "sbom", plain_http, platforms=[here],
-                 pinned_build=True)
+        for platform_, source in platforms.items():
+            # This machine's build as the operator renders it; another's with `-<arch>`.
+            expected = released[name].reference(source.rsplit("/", 1)[0], version)
+            if source not in (expected, f"{expected}-{platform_.split('/')[1]}"):
+                raise ReleaseError(f"{name}: built as {source}, not as version {version}")
+        digest = _push(store, name, platforms, target, out, plain_http)
+        pushed[name] = {"image": target, "digest": digest, "platforms": sorted(platforms)}
+        log(f"pushed {target}@{digest} ({', '.join(sorted(platforms))})")
+    sboms = [path for name, platforms in sorted(sources.items())
+             for path in sbom(registry, version, [name], out / "sbom", plain_http,
+                              platforms=sorted(platforms), pinned_build=True)]
     package = chart(registry, version, out, plain_http, pinned_build=True)
     summary: dict[str, object] = {
-        "version": version, "images": pushed, "notBuiltHere": skipped,
+        "version": version, "images": pushed, "notBuiltHere": not_built,
         "sboms": [str(path.relative_to(out)) for path in sboms],
         "chart": f"oci://{registry}/charts/glm-operator:{version}",
         "chartPackage": str(package.relative_to(out)),

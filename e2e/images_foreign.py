@@ -1,0 +1,156 @@
+"""The images built for an architecture other than this machine's: linux/arm64 on amd64.
+
+    python -m e2e.images build --arch arm64     # (make images-multiarch) both architectures
+
+What runs where:
+- Emulation: the arm64 base's package scripts (mmdebstrap) and the Dockerfiles' RUN steps
+  (apt-get, pip install) run arm64 code, through qemu-user-static's binfmt_misc handler.
+  Debian's qemu-user-static ships the handler's definition (/usr/lib/binfmt.d/qemu-aarch64.conf,
+  flags `F`: the interpreter is opened once, so it also serves inside a chroot); where no
+  system service has registered it, `ensure_emulation` writes it to
+  /proc/sys/fs/binfmt_misc/register (root). Checked by running the base's own /bin/true.
+- The glm-operator image: the same Dockerfile stage, with the aarch64 wheels of its
+  dependencies (pip download --platform manylinux_*_aarch64, resolved here as for amd64).
+- The endpoint picker: the toolchain's `epp_arm64`, cross-compiled by Go (GOARCH=arm64, CGO
+  off): no emulated compiler.
+- The llama.cpp CPU image is not built for arm64 here: compiling llama.cpp for it (a cross
+  compiler or emulation) costs more than the suite's whole budget on two cores. The release
+  workflow builds it (docs/release.md); `make release` here says so.
+
+Each build is tagged `<the rendered reference>-<arch>` in the images' storage (the rendered
+name itself stays this machine's build, which the podman pod tests run). `manifest_list`
+joins the builds of one image into the multi-platform index the release pushes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from e2e import images, toolchain
+
+# Debian architecture (= GOARCH for these two) -> the kernel's and qemu's name for it.
+QEMU_NAMES = {"arm64": "aarch64", "amd64": "x86_64"}
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+BINFMT_DEFINITIONS = Path("/usr/lib/binfmt.d")
+# The images built for another architecture here, by e2e/images.py's name.
+FOREIGN_IMAGES = ("epp", "glm-operator")
+
+
+class EmulationUnavailable(images.ImageBuildError):
+    """No way to run the other architecture's code here; the message says what is missing."""
+
+
+def emulation_problem(arch: str) -> str | None:
+    """Why `arch` code cannot run here (None when it can, natively or emulated)."""
+    if arch == images.native_arch():
+        return None
+    qemu = QEMU_NAMES.get(arch)
+    if qemu is None:
+        return f"no emulator is known for {arch} (known: {', '.join(QEMU_NAMES)})"
+    handler = BINFMT / f"qemu-{qemu}"
+    if handler.exists():
+        return None if handler.read_text().startswith("enabled") else (
+            f"the binfmt_misc handler {handler} is disabled: "
+            f"`echo 1 > {handler}` (root) enables it")
+    definition = BINFMT_DEFINITIONS / f"qemu-{qemu}.conf"
+    if not definition.exists():
+        return (f"qemu-user-static is not installed ({definition} is missing): run `make deps` "
+                "(Debian packages qemu-user-static and arch-test)")
+    if not (BINFMT / "register").exists():
+        return (f"binfmt_misc is not mounted at {BINFMT}: `mount -t binfmt_misc binfmt_misc "
+                f"{BINFMT}` (root), or build {arch} images on a {arch} machine")
+    return None
+
+
+def ensure_emulation(arch: str) -> None:
+    """Register qemu's handler for `arch` from Debian's definition when no one has; raise
+    EmulationUnavailable saying why when that cannot be done."""
+    problem = emulation_problem(arch)
+    if problem is not None:
+        raise EmulationUnavailable(problem)
+    qemu = QEMU_NAMES.get(arch)
+    if arch == images.native_arch() or (BINFMT / f"qemu-{qemu}").exists():
+        return
+    lines = [line for line in (BINFMT_DEFINITIONS / f"qemu-{qemu}.conf").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    images.log(f"registering qemu-{qemu} with binfmt_misc (flags F)")
+    try:
+        (BINFMT / "register").write_text(lines[0] + "\n")
+    except OSError as exc:
+        raise EmulationUnavailable(
+            f"cannot register qemu-{qemu} with {BINFMT / 'register'}: {exc} (it needs root "
+            "and a writable binfmt_misc)") from exc
+
+
+def foreign_spec(spec: images.ImageSpec, arch: str) -> images.ImageSpec:
+    """`spec` built for `arch`: tagged `<reference>-<arch>`."""
+    return replace(spec, arch=arch, reference=f"{spec.reference}-{arch}")
+
+
+def _epp_context(work: Path, arch: str) -> Path:
+    built = toolchain.ensure(f"epp_{arch}")
+    context = work / f"epp-{arch}"
+    (context / "prebuilt").mkdir(parents=True)
+    shutil.copy2(images.epp_spec().dockerfile, context / "Dockerfile")
+    shutil.copy2(built / "epp", context / "prebuilt" / "epp")
+    return context
+
+
+def check_runs(store: images.Store, base: str, arch: str) -> None:
+    """The base's own binaries run here (emulated): else every RUN step would fail obscurely."""
+    result = store.run(store.podman("run", "--rm", "--network", "none", "--arch", arch, base,
+                                    "uname", "-m"), f"podman run ({arch} base)", check=False)
+    if result.returncode != 0 or result.stdout.strip() != QEMU_NAMES[arch]:
+        raise EmulationUnavailable(
+            f"the {arch} base does not run here (uname -m said {result.stdout.strip()!r}, "
+            f"exit {result.returncode}): {result.stderr[-500:]}")
+
+
+def build_foreign(arch: str) -> list[images.Built]:
+    """The base and FOREIGN_IMAGES for `arch`, each only when its inputs changed."""
+    ensure_emulation(arch)
+    store = images.Store.default()
+    store.prepare()
+    with store.locked(), tempfile.TemporaryDirectory(prefix=f"glm-images-{arch}-") as tmp:
+        work = Path(tmp)
+        base = images.ensure_base(store, arch)
+        check_runs(store, base.reference, arch)
+        base_id = store.image_id(base.reference)
+        built = [base]
+        epp = foreign_spec(images.epp_spec(), arch)
+        context = _epp_context(work, arch)
+        inputs = epp.inputs_hash(base_id, images.context_files(context))
+        built.append(images.reuse(store, epp, inputs)
+                     or images.build_image(store, epp, context, base.reference, inputs))
+        python = foreign_spec(images.python_spec(), arch)
+        inputs = python.inputs_hash(base_id, images.python_inputs())
+        built.append(images.reuse(store, python, inputs)
+                     or images.build_image(store, python, images.python_context(work, arch),
+                                           base.reference, inputs))
+        return built
+
+
+def image_arch(store: images.Store, reference: str) -> str:
+    return store.run(store.podman("image", "inspect", "--format", "{{.Architecture}}",
+                                  reference), "image inspect").stdout.strip()
+
+
+def manifest_list(store: images.Store, name: str, references: list[str]) -> None:
+    """A local manifest list `name` holding each of `references` (one per architecture),
+    replacing one of that name; `podman manifest push --all` pushes it as an OCI index."""
+    store.run(store.podman("manifest", "rm", name), "podman manifest rm", check=False)
+    store.run(store.podman("manifest", "create", name), "podman manifest create")
+    for reference in references:
+        store.run(store.podman("manifest", "add", name, f"containers-storage:{reference}"),
+                  f"podman manifest add {reference}")
+
+
+def elf_machine(path: Path) -> int:
+    """e_machine of an ELF file (62: x86-64, 183: AArch64)."""
+    header = path.read_bytes()[:20]
+    if header[:4] != b"\x7fELF":
+        raise ValueError(f"{path} is not an ELF file")
+    return int.from_bytes(header[18:20], "little")
