@@ -1,6 +1,6 @@
 """The CUDA llama.cpp image, built here from Debian and NVIDIA's PyPI wheels, run without a GPU.
 
-e2e/images.py builds runtime-images/llamacpp/Dockerfile.cuda with buildah (its test build: one
+e2e/images_cuda.py builds runtime-images/llamacpp/Dockerfile.cuda with buildah (its test build: one
 SM version, no flash-attention kernels; cached by its inputs), and podman runs it on this
 machine, which has no NVIDIA device and no driver. What a node without a working GPU sees:
 
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from e2e import images
+from e2e import images, images_cuda
 from e2e.models import write_tiny_llama
 from e2e.ports import free_port
 from e2e.test_images import require_image_tools
 
 # A cold run compiles llama.cpp with nvcc inside the build (docs/images.md: build times).
-pytestmark = [pytest.mark.timeout(images.CUDA_BUILD_TIMEOUT + 600)]
+pytestmark = [pytest.mark.timeout(images_cuda.CUDA_BUILD_TIMEOUT + 600)]
 
 BUILD_SWITCH = "GLM_E2E_BUILD_CUDA_IMAGE"
 # What the CUDA runtime answers when no driver is present (cudaErrorInsufficientDriver: no
@@ -45,7 +45,7 @@ NO_DEVICE = ("failed to initialize CUDA: CUDA driver version is insufficient",
 @pytest.fixture(scope="module")
 def cuda_image() -> images.Built:
     require_image_tools("CUDA image test")
-    cached = images.cached_cuda()
+    cached = images_cuda.cached_cuda()
     if cached is not None:
         return cached
     # A cold build is over half an hour of two cores (docs/images.md): more than a CI run can
@@ -54,7 +54,7 @@ def cuda_image() -> images.Built:
         pytest.skip(f"the CUDA image's test build is not cached: `python -m e2e.images "
                     f"build-cuda` (about 35 minutes cold on two cores) or {BUILD_SWITCH}=1 "
                     "builds it")
-    return images.build_cuda()
+    return images_cuda.build_cuda()
 
 
 def podman_run(*args: str, timeout: float = 120) -> tuple[int, str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from dockerfile_rules import cmake_configure_flags, parse
 from glm_operator.planning.accelerators import builtin_profiles
 
-from e2e import images
+from e2e import images_cuda
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMACPP = ROOT / "runtime-images" / "llamacpp"
@@ -85,7 +85,7 @@ def test_the_test_build_sets_only_arguments_the_dockerfile_declares() -> None:
     declared = set(dockerfile.args()) | {
         i.value.split("=")[0] for s in dockerfile.stages for i in s.instructions
         if i.keyword == "ARG"}
-    test_args = dict(images.CUDA_TEST_BUILD_ARGS)
+    test_args = dict(images_cuda.CUDA_TEST_BUILD_ARGS)
     assert set(test_args) <= declared
     stage_names = {s.name for s in dockerfile.stages}
     assert dockerfile.global_args["INPUTS"] in stage_names
