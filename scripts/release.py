@@ -104,6 +104,41 @@ def pinned(component: str) -> str:
 
 
 @dataclass(frozen=True)
+class BuiltFromSource:
+    """A program compiled into an image that syft's catalogers cannot see (a C++ binary with no
+    package database around it): `sbom` adds it to the image's SBOM as a package of its own."""
+
+    name: str
+    version: str
+    download: str
+    purl: str
+    license: str
+    comment: str
+
+    def spdx_package(self, image: str) -> dict[str, object]:
+        return {
+            "name": self.name, "SPDXID": f"SPDXRef-Package-{image}-{self.name}-built-from-source",
+            "versionInfo": self.version, "downloadLocation": self.download,
+            "filesAnalyzed": False, "licenseConcluded": "NOASSERTION",
+            "licenseDeclared": self.license, "copyrightText": "NOASSERTION",
+            "primaryPackagePurpose": "APPLICATION", "comment": self.comment,
+            "externalRefs": [{"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl",
+                              "referenceLocator": self.purl}],
+        }
+
+
+def llama_cpp(version: str, flags: str) -> BuiltFromSource:
+    """llama.cpp as our images carry it: compiled from the tree vendored in the
+    llama-cpp-python sdist on PyPI (its own version is the sdist's)."""
+    return BuiltFromSource(
+        name="llama.cpp", version=f"llama-cpp-python-{version}",
+        download=f"https://pypi.org/project/llama-cpp-python/{version}/", license="MIT",
+        purl=f"pkg:pypi/llama-cpp-python@{version}",
+        comment=f"llama-server and ggml-rpc-server in /usr/local/bin, compiled from the "
+                f"llama.cpp tree vendored in the llama-cpp-python {version} sdist ({flags})")
+
+
+@dataclass(frozen=True)
 class ReleaseImage:
     """One released image: how docker buildx builds it and for which platforms."""
 
@@ -113,6 +148,7 @@ class ReleaseImage:
     platforms: tuple[str, ...]
     build_args: tuple[tuple[str, str], ...]
     reference: Callable[[str, str], str]  # (registry, version) -> as the operator renders it
+    built_from_source: tuple[BuiltFromSource, ...] = ()
 
     def buildx(self, registry: str, version: str, push: bool) -> list[str]:
         cmd = ["docker", "buildx", "build", "--platform", ",".join(self.platforms),
@@ -152,13 +188,16 @@ def release_images() -> list[ReleaseImage]:
     both = ("linux/amd64", "linux/arm64")
     return [
         ReleaseImage("llamacpp-cpu", "runtime-images/llamacpp/Dockerfile.cpu",
-                     "runtime-images/llamacpp", both, (llama,), _runtime("llamacpp-cpu")),
+                     "runtime-images/llamacpp", both, (llama,), _runtime("llamacpp-cpu"),
+                     (llama_cpp(llama[1], "CPU: runtime-images/llamacpp/cmake-flags-cpu.txt"),)),
         ReleaseImage("llamacpp-cuda", "runtime-images/llamacpp/Dockerfile.cuda",
                      "runtime-images/llamacpp", ("linux/amd64",), (llama,),
-                     _runtime("llamacpp-cuda")),
+                     _runtime("llamacpp-cuda"),
+                     (llama_cpp(llama[1], "CUDA: runtime-images/llamacpp/Dockerfile.cuda"),)),
         ReleaseImage("llamacpp-cann", "runtime-images/llamacpp/Dockerfile.cann",
                      "runtime-images/llamacpp", ("linux/arm64",),
-                     (llama, ("SOC_TYPE", "ascend910b3")), _runtime("llamacpp-cann")),
+                     (llama, ("SOC_TYPE", "ascend910b3")), _runtime("llamacpp-cann"),
+                     (llama_cpp(llama[1], "CANN: runtime-images/llamacpp/Dockerfile.cann"),)),
         ReleaseImage("epp", "runtime-images/epp/Dockerfile", "runtime-images/epp", both,
                      (("GAIE_VERSION", pinned("epp")),), _config_image("epp_image")),
         ReleaseImage("glm-operator", "runtime-images/python/Dockerfile", ".", both, (),
@@ -243,8 +282,30 @@ def sbom(registry: str, version: str, names: Sequence[str], out: Path, plain_htt
             _run([syft, "scan", f"registry:{image.reference(registry, version)}",
                   "--platform", platform_, "--output", f"spdx-json={target}", "--quiet"],
                  f"sbom {image.name} {platform_}", env=env, timeout=1800)
+            if image.built_from_source:
+                document = json.loads(target.read_text())
+                add_built_from_source(document, image.name, image.built_from_source)
+                target.write_text(json.dumps(document, indent=2) + "\n")
             written.append(target)
     return written
+
+
+def add_built_from_source(document: dict[str, Any], image: str,
+                          programs: Sequence[BuiltFromSource]) -> None:
+    """Each program as a package the image (the document's described element) CONTAINS."""
+    described = document.get("documentDescribes") or [
+        r["relatedSpdxElement"] for r in document.get("relationships", ())
+        if r.get("spdxElementId") == "SPDXRef-DOCUMENT"
+        and r.get("relationshipType") == "DESCRIBES"]
+    if not described:
+        raise ReleaseError(f"sbom {image}: syft's document describes no element to add "
+                           f"{', '.join(p.name for p in programs)} to")
+    for program in programs:
+        package = program.spdx_package(image)
+        document.setdefault("packages", []).append(package)
+        document.setdefault("relationships", []).append(
+            {"spdxElementId": described[0], "relatedSpdxElement": package["SPDXID"],
+             "relationshipType": "CONTAINS"})
 
 
 # --- the chart ---------------------------------------------------------------------------

@@ -105,3 +105,31 @@ def test_the_dry_run_prints_the_commands_for_the_shell(capsys: pytest.CaptureFix
 def test_an_unknown_image_is_refused() -> None:
     with pytest.raises(release.ReleaseError, match="choose from llamacpp-cpu"):
         release.select(["llama-cpu"])
+
+
+def test_llama_cpp_is_added_to_the_sboms_of_the_images_that_carry_it() -> None:
+    """syft sees no package database for a C++ binary: the release names it itself."""
+    carried = {image.name: [p.name for p in image.built_from_source]
+               for image in release.release_images()}
+    assert carried == {"llamacpp-cpu": ["llama.cpp"], "llamacpp-cuda": ["llama.cpp"],
+                       "llamacpp-cann": ["llama.cpp"], "epp": [], "glm-operator": []}
+    root = "SPDXRef-DocumentRoot-Image-llama-server-cpu"
+    document: dict[str, object] = {
+        "packages": [{"name": "libc6", "SPDXID": "SPDXRef-Package-deb-libc6"}],
+        "relationships": [{"spdxElementId": "SPDXRef-DOCUMENT", "relatedSpdxElement": root,
+                           "relationshipType": "DESCRIBES"}]}
+    (image,) = [i for i in release.release_images() if i.name == "llamacpp-cpu"]
+    release.add_built_from_source(document, image.name, image.built_from_source)
+    packages = document["packages"]
+    assert isinstance(packages, list)
+    added = packages[-1]
+    version = release.pinned("llama_cpp_python")
+    assert added["name"] == "llama.cpp"
+    assert re.fullmatch(r"SPDXRef-[A-Za-z0-9.-]+", added["SPDXID"])
+    assert added["externalRefs"][0]["referenceLocator"] == f"pkg:pypi/llama-cpp-python@{version}"
+    assert document["relationships"][-1] == {  # type: ignore[index]
+        "spdxElementId": root, "relatedSpdxElement": added["SPDXID"],
+        "relationshipType": "CONTAINS"}
+    # A document describing nothing is refused rather than given a package nothing contains.
+    with pytest.raises(release.ReleaseError, match="describes no element"):
+        release.add_built_from_source({"packages": []}, image.name, image.built_from_source)
