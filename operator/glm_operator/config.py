@@ -31,6 +31,12 @@ from glm_operator.planning.accelerators import (
     check_pinned_image,
     load_profiles,
 )
+from glm_operator.planning.architectures import (
+    Architecture,
+    builtin_image_architectures,
+    check_architectures,
+    image_repository,
+)
 
 CONFIG_FILE_ENV = "GLM_OPERATOR_CONFIG"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -212,6 +218,11 @@ class OperatorConfig(BaseModel):
     # A private registry or mirror: Secrets (names; each must exist in the namespace of the
     # workload) that every pod the operator renders pulls its images with.
     image_pull_secrets: tuple[str, ...] = Field(default=(), max_length=16)
+    # Image repository (no tag) -> the architectures it has builds for, merged over the
+    # built-in tables (planning/architectures.py): a mirrored or rebuilt image adds its
+    # builds, or narrows them (a mirror that copied one platform).
+    image_architectures: dict[str, tuple[Architecture, ...]] = Field(
+        default_factory=dict, max_length=256)
     fetch: FetchSettings = Field(default_factory=FetchSettings)
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
@@ -249,6 +260,26 @@ class OperatorConfig(BaseModel):
             raise ValueError("imagePullSecrets: a Secret is named twice")
         return names
 
+    @field_validator("image_architectures", mode="before")
+    @classmethod
+    def _architectures(cls, table: Any) -> Any:
+        if not isinstance(table, Mapping):
+            raise ValueError("imageArchitectures must map an image repository (e.g. "
+                             "registry.example.com/team/llama-server-cann) to a list of "
+                             f"architectures, not {table!r}")
+        out: dict[str, tuple[Architecture, ...]] = {}
+        for repository, architectures in table.items():
+            if not isinstance(repository, str) or not repository:
+                raise ValueError(f"imageArchitectures: {repository!r} is not an image "
+                                 "repository")
+            if "@" in repository or ":" in repository.rpartition("/")[2]:
+                raise ValueError(f"imageArchitectures: key {repository!r} must be the image "
+                                 "repository without its tag or digest ("
+                                 f"{image_repository(repository)})")
+            out[image_repository(repository)] = check_architectures(
+                architectures, where=f"imageArchitectures[{repository}]")
+        return out
+
     @field_validator("image_tag")
     @classmethod
     def _pinned(cls, tag: str) -> str:
@@ -275,6 +306,12 @@ class OperatorConfig(BaseModel):
     def operator_image(self) -> str:
         """Our own image: `glm-operator gateway` and `glm-operator fetch` run from it."""
         return f"{self.image_registry.rstrip('/')}/glm-operator:{self.image_tag}"
+
+    @property
+    def image_architecture_table(self) -> dict[str, tuple[Architecture, ...]]:
+        """Image repository -> architectures: our images under imageRegistry, the upstream
+        ones, then imageArchitectures over both."""
+        return {**builtin_image_architectures(self.image_registry), **self.image_architectures}
 
     @property
     def profiles(self) -> Mapping[str, AcceleratorProfile]:

@@ -549,6 +549,7 @@ FULL_CONFIG: Obj = {
     "gatewayPort": 9080, "enginePort": 9081, "runAsUser": 1001, "runAsGroup": 1002,
     "defaultStorageClass": "fast-nvme", "clusterDomain": "corp.local",
     "capabilityRecheckSeconds": 30,
+    "imageArchitectures": {"registry.example.com/mirror/vllm-ascend": ["arm64"]},
     "acceleratorProfiles": {"cpu": {"memoryMiB": 262144, "cpuCores": 32}},
     "probes": {"loadThroughputMibPerSecond": 200, "startupMarginSeconds": 60,
                "vllmStartupExtraSeconds": 600, "startupPeriodSeconds": 5,

@@ -39,6 +39,10 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
      "unknown toleration field(s) tolerationSeconds"),
     ({"NVIDIA-X": {"basedOn": "nvidia-l4"}}, "lower-case"),
     ({"cpu": "big"}, "must be a mapping"),
+    ({"cpu": {"architectures": ["ppc64le"]}}, "'ppc64le' is not an architecture we know"),
+    ({"cpu": {"architectures": []}}, "architectures must name at least one architecture"),
+    ({"cpu": {"architectures": "arm64"}}, "architectures must be a list of architectures"),
+    ({"cpu": {"architectures": ["arm64", "arm64"]}}, "'arm64' is listed twice"),
 ]
 
 ACCEPTED: list[dict[str, Any]] = [
@@ -48,6 +52,7 @@ ACCEPTED: list[dict[str, Any]] = [
                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}},
     {"edge-cpu": {"vendor": "cpu", "memoryBytes": 8 * 2**30, "engines": ["llamacpp"],
                   "images": {"llamacpp": VALID_IMAGE}, "flashAttention": False}},
+    {"ascend-910b": {"architectures": ["amd64", "arm64"]}},  # x86 Atlas hosts beside Kunpeng
 ]
 
 

@@ -258,8 +258,12 @@ def test_cpu_profile_threads_match_the_cpu_request_and_overrides_apply() -> None
     assert arg(engine, "--threads") == engine["resources"]["requests"]["cpu"]
     assert not any("gpu" in k or "Ascend" in k for k in engine["resources"]["limits"])
     pod = deployment["spec"]["template"]["spec"]
-    # no node affinity (any node with CPUs will do); the RWO cache's pod affinity remains
-    assert "nodeAffinity" not in pod.get("affinity", {})
+    # no accelerator labels (any node with CPUs will do), only the architecture pin; the RWO
+    # cache's pod affinity remains
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchExpressions": [
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}]}]
+    assert "podAffinity" in pod["affinity"]
     assert pod["nodeSelector"] == {"node-pool": "cpu-large"}
     assert pod["priorityClassName"] == "llm-serving"
     assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "search"

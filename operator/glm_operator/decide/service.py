@@ -145,7 +145,8 @@ def decide_service(
     rollout, choose what runs, render it, promote, and report."""
     now = now or datetime.now(UTC)
     previous = service.status
-    versions = plan_versions(service, model_versions, profiles, namespace_model_versions)
+    versions = plan_versions(service, model_versions, profiles, namespace_model_versions,
+                             config=config)
     wanted = versions.wanted
     events: list[Event] = []
     if wanted.plan_problem and wanted.plan_problem[0] == "Infeasible":

@@ -19,8 +19,10 @@ from pydantic import ValidationError
 
 from glm_operator.api import ADMITTED, GLMService, ModelVersion
 from glm_operator.api.glmservice import GLMServiceSpec
+from glm_operator.config import OperatorConfig
 from glm_operator.decide.advice import infeasible_message
 from glm_operator.decide.cache_placement import cache_placement_problem
+from glm_operator.decide.image_architecture import image_architecture_problem
 from glm_operator.decide.rollout import RolloutDecision
 from glm_operator.planning.accelerators import AcceleratorProfile
 from glm_operator.planning.from_api import ModelFactsUnknown, plan_request_for
@@ -77,26 +79,28 @@ class Versions:
 
 def plan_versions(service: GLMService, model_versions: Mapping[str, Obj],
                   profiles: Mapping[str, AcceleratorProfile],
-                  namespace_model_versions: Siblings | None = None) -> Versions:
+                  namespace_model_versions: Siblings | None = None, *,
+                  config: OperatorConfig) -> Versions:
     """`namespace_model_versions` lists the namespace's ModelVersions, read only when the
-    wanted version's plan does not fit (its advice may name another of them)."""
+    wanted version's plan does not fit (its advice may name another of them); `config`
+    says which architectures the images have builds for."""
     wanted = service.spec.model_version
     stable = service.status.stable_model_version
     rolling = bool(stable) and stable != wanted
     stable_service = _stable_service(service, service.status.stable_spec) if rolling else service
     return Versions(
-        wanted=_plan_version(service, wanted, model_versions, profiles,
+        wanted=_plan_version(service, wanted, model_versions, profiles, config,
                              namespace_model_versions),
         service=service,
         stable_name=stable,
-        stable=(_plan_version(stable_service, stable, model_versions, profiles)
+        stable=(_plan_version(stable_service, stable, model_versions, profiles, config)
                 if stable and rolling else None),
         stable_service=stable_service,
     )
 
 
 def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, Obj],
-                  profiles: Mapping[str, AcceleratorProfile],
+                  profiles: Mapping[str, AcceleratorProfile], config: OperatorConfig,
                   namespace_model_versions: Siblings | None = None) -> VersionPlan:
     body = model_versions.get(name)
     if body is None:
@@ -138,6 +142,8 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
             break
     if plan_problem is None:
         plan_problem = cache_placement_problem(service, mv, main, long_plan)
+    if plan_problem is None:
+        plan_problem = image_architecture_problem(service, main, long_plan, config)
     return VersionPlan(name, mv, main, long_plan, model_problem, plan_problem)
 
 

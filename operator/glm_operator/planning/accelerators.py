@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from glm_operator import __version__
+from glm_operator.planning.architectures import BOTH, Architecture, check_architectures
 
 MiB = 1024**2
 GiB = 1024**3
@@ -76,6 +77,9 @@ class AcceleratorProfile:
     runtime_overhead_bytes: int = 512 * MiB
     # CPU cores per node that one replica may use (CPU profile sizes threads from it).
     cpu_cores: int = 8
+    # The CPU architectures (kubernetes.io/arch) of the profile's nodes: every pod is pinned
+    # to those of them its images have builds for (planning/architectures.py).
+    architectures: tuple[Architecture, ...] = BOTH
     description: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -95,6 +99,7 @@ class AcceleratorProfile:
             if not image:
                 raise ValueError(f"profile {self.name}: no image for engine {engine}")
             check_pinned_image(image, where=f"profile {self.name}")
+        check_architectures(self.architectures, where=f"profile {self.name}: architectures")
         if self.vendor != "cpu" and not self.resource_name:
             raise ValueError(f"profile {self.name}: a {self.vendor} profile needs a resourceName")
 
@@ -119,6 +124,7 @@ class AcceleratorProfile:
             "fp8": self.fp8,
             "runtimeOverheadBytes": self.runtime_overhead_bytes,
             "cpuCores": self.cpu_cores,
+            "architectures": list(self.architectures),
         }
 
 
@@ -174,6 +180,8 @@ def _nvidia(
         fp8=fp8,
         runtime_overhead_bytes=512 * MiB,
         cpu_cores=8,
+        # x86 hosts, and arm64 ones: Grace (GH200, GB200) and Ampere Altra servers.
+        architectures=BOTH,
         description=description,
     )
 
@@ -225,6 +233,10 @@ def builtin_profiles(
             fp8=False,
             runtime_overhead_bytes=1536 * MiB,  # CANN runtime and HCCL buffers
             cpu_cores=16,
+            # Atlas 800T/800I A2 hosts have Kunpeng 920 CPUs. x86 Atlas servers exist too:
+            # set `architectures: [amd64]` (or both) on this profile in operator config, and
+            # list an amd64 build of the CANN image in imageArchitectures.
+            architectures=("arm64",),
             description="Huawei Ascend 910B (Atlas 800T/800I A2), 64 GB HBM per NPU",
         ),
         AcceleratorProfile(
@@ -242,6 +254,7 @@ def builtin_profiles(
             fp8=False,
             runtime_overhead_bytes=1024 * MiB,
             cpu_cores=8,
+            architectures=BOTH,  # a PCIe card: any host, x86 or Kunpeng
             description="Huawei Ascend 310P3 (Atlas 300I Pro 24 GB; the 300I Duo has 48 GB "
             "per chip: override memoryBytes)",
         ),
@@ -260,6 +273,7 @@ def builtin_profiles(
             fp8=False,
             runtime_overhead_bytes=512 * MiB,  # the engine process, tokenizer, HTTP threads
             cpu_cores=8,
+            architectures=BOTH,
             description="CPU only (llama.cpp); memory is the node RAM a replica may use",
         ),
     ]
@@ -282,6 +296,7 @@ _CONFIG_KEYS: dict[str, str] = {
     "fp8": "fp8",
     "runtimeOverheadBytes": "runtime_overhead_bytes",
     "cpuCores": "cpu_cores",
+    "architectures": "architectures",
     "description": "description",
 }
 
@@ -357,6 +372,8 @@ def _profile_fields(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
             value = tuple(value)
         elif key == "images":
             value = dict(value)
+        elif key == "architectures":
+            value = check_architectures(value, where=f"profile {name}: architectures")
         out[target] = value
     return out
 
@@ -383,7 +400,10 @@ def load_profiles(
             if base_name is not None:
                 if base_name not in profiles:
                     raise ValueError(f"profile {name}: basedOn {base_name!r} is not a profile")
-                profiles[name] = replace(profiles[base_name], name=name, **changes)
+                base = profiles[base_name]
+                if "images" in changes:  # an override of one engine's image keeps the others
+                    changes["images"] = {**base.images, **changes["images"]}
+                profiles[name] = replace(base, name=name, **changes)
             else:
                 missing = {"vendor", "memory_bytes", "engines", "images"} - set(changes)
                 if missing:

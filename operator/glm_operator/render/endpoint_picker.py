@@ -28,6 +28,7 @@ from glm_operator.render.names import (
     dns_name,
     label_value,
 )
+from glm_operator.render.node_architecture import component_affinity
 from glm_operator.render.pod import (
     container_security_context,
     pod_security_context,
@@ -229,6 +230,7 @@ def picker_objects(picker: Picker, namespace: str, config: OperatorConfig,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(config),
         **pull_secrets(config),
+        "affinity": component_affinity(config.epp_image, config),
         "terminationGracePeriodSeconds": EPP_GRACE_SECONDS,
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": name}}],

@@ -20,6 +20,7 @@ from glm_operator.planning import memory as mem
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta, owner_reference
 from glm_operator.render.names import MANAGED_BY, MODEL_VERSION_LABEL, dns_name, label_value
+from glm_operator.render.node_architecture import component_affinity
 from glm_operator.render.pod import (
     RenderInputError,
     cache_claim_name,
@@ -177,6 +178,7 @@ def fetch_pod_spec(
         "restartPolicy": "Never",
         "securityContext": pod_security_context(config),
         **pull_secrets(config),
+        "affinity": component_affinity(config.operator_image, config),
         "containers": [container],
         "volumes": volumes,
     }

@@ -33,6 +33,11 @@ from glm_operator.render.ascend import (
 from glm_operator.render.engine_args import RAY_PORT, engine_argv, engine_socket, ray_head_argv
 from glm_operator.render.model_family import VllmParsers, stop_sequences, vllm_parsers
 from glm_operator.render.names import VERSION_LABEL, dns_name, label_value, pool_selector
+from glm_operator.render.node_architecture import (
+    engine_image_of,
+    pin_architectures,
+    pool_architectures,
+)
 from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantity
 
 MODEL_MOUNT = "/models"
@@ -358,10 +363,7 @@ def _env_list(pairs: tuple[tuple[str, str], ...], extra: list[tuple[str, str]]) 
 
 
 def engine_image(ctx: PoolContext) -> str:
-    overrides = ctx.service.spec.pod_overrides
-    if overrides is not None and overrides.image:
-        return overrides.image
-    return ctx.plan.profile.images[ctx.plan.request.engine]
+    return engine_image_of(ctx.service, ctx.plan)
 
 
 def engine_env(ctx: PoolContext) -> tuple[tuple[str, str], ...]:
@@ -637,8 +639,12 @@ def placement(ctx: PoolContext) -> dict[str, Any]:
         required = "requiredDuringSchedulingIgnoredDuringExecution"
         pod_affinity[required] = [*(pod_affinity.get(required) or []), pinned]
         affinity["podAffinity"] = pod_affinity
-    if affinity:
-        out["affinity"] = affinity
+    fit = pool_architectures(ctx.service, ctx.plan, ctx.config)
+    if fit.problem is not None:  # refused before rendering (decide/image_architecture.py)
+        raise RenderInputError(fit.problem)
+    # Kept even under the user's own affinity, which replaces the profile's labels only: a
+    # pod on a node its images have no build for never starts (exec format error).
+    out["affinity"] = pin_architectures(affinity, fit.architectures)
     tol = tolerations(ctx)
     if tol:
         out["tolerations"] = tol

@@ -46,6 +46,7 @@ from glm_operator.render.names import (
     dns_name,
     label_value,
 )
+from glm_operator.render.node_architecture import component_affinity
 from glm_operator.render.pod import (
     GATEWAY_PORT_NAME,
     container_security_context,
@@ -255,6 +256,7 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
         "enableServiceLinks": False,
         "securityContext": pod_security_context(config),
         **pull_secrets(config),
+        "affinity": component_affinity(config.operator_image, config),
         "topologySpreadConstraints": spread,
         "terminationGracePeriodSeconds": (settings.endpoint_removal_seconds
                                           + settings.drain_seconds
