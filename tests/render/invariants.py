@@ -156,6 +156,23 @@ def stop_order_problems(where: str, pod: dict[str, Any], gateway: dict[str, Any]
     return out
 
 
+def architecture_problems(where: str, pod: dict[str, Any]) -> list[str]:
+    """Every pod is pinned to the architectures its images have builds for: each required
+    node selector term (they are ORed) has `kubernetes.io/arch In` some of ours."""
+    required = (pod.get("affinity", {}).get("nodeAffinity", {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return [f"{where}: no required node affinity (the kubernetes.io/arch pin)"]
+    out = []
+    for index, term in enumerate(terms):
+        pins = [e for e in term.get("matchExpressions", []) if e["key"] == "kubernetes.io/arch"]
+        if (len(pins) != 1 or pins[0]["operator"] != "In" or not pins[0]["values"]
+                or not set(pins[0]["values"]) <= {"amd64", "arm64"}):
+            out.append(f"{where}: node selector term {index} lacks one kubernetes.io/arch In pin")
+    return out
+
+
 def object_problems(obj: dict[str, Any]) -> list[str]:
     out: list[str] = []
     meta = obj["metadata"]
@@ -188,6 +205,7 @@ def object_problems(obj: dict[str, Any]) -> list[str]:
         if mounted - declared:
             out.append(f"{where}: mounts undeclared volumes {sorted(mounted - declared)}")
         out += engine_pod_problems(where, pod)
+        out += architecture_problems(where, pod)
     if obj["kind"] == "Service" and obj["spec"].get("clusterIP") == "None":
         if obj["spec"].get("ports"):
             out.append(f"{where}: a headless Service names pods; it exposes no port")
