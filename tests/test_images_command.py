@@ -162,6 +162,31 @@ def test_json_says_where_each_image_is_used(capsys: pytest.CaptureFixture[str]) 
     assert "fetch Job" in by_image[OperatorConfig().operator_image]
 
 
+def test_json_gives_each_images_platforms(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    def platforms(argv: list[str]) -> dict[str, Any]:
+        assert main(["images", "-o", "json", *argv]) == 0
+        return {e["image"]: e["platforms"] for e in json.loads(capsys.readouterr().out)}
+
+    both = ["linux/amd64", "linux/arm64"]
+    found = platforms([])
+    images = runtime_images()
+    assert found[images["llamacpp-cann"]] == ["linux/arm64"]
+    assert found[images["llamacpp-cuda"]] == ["linux/amd64"]
+    assert found[images["llamacpp-cpu"]] == both
+    assert found[OperatorConfig().operator_image] == both
+    assert found[VLLM_ASCEND_IMAGE] == both
+    # operator config imageArchitectures narrows one; an image it does not know is null
+    own = "registry.example.com/own/llama-server:1"
+    config = write(tmp_path, "operator.yaml", {
+        "imageArchitectures": {"quay.io/ascend/vllm-ascend": ["arm64"]},
+        "acceleratorProfiles": {"own-cpu": {"basedOn": "cpu", "images": {"llamacpp": own}}}})
+    narrowed = platforms(["--config", config])
+    assert narrowed[VLLM_ASCEND_IMAGE] == ["linux/arm64"]
+    assert narrowed[own] is None
+    assert narrowed[images["llamacpp-cann"]] == ["linux/arm64"]
+
+
 # ----------------------------------------------------------------------- the mirror
 
 

@@ -14,7 +14,9 @@ list cannot drift from them), plus the operator's; InferenceGateway's pickers, w
 `--values` reads the helm chart's values the way charts/glm-operator maps them to the
 operator config (`chart_config`, held to `helm template` by tests/chart/test_images_values.py).
 One image per line, sorted and unique, for `| xargs -n1 ...`; `--output json` says where each
-is used. A command that wires config and render, so it lives above both.
+is used and which platforms it has builds for (`platforms`, null where the operator's table,
+planning/architectures.py with imageArchitectures over it, does not know the image). A command
+that wires config and render, so it lives above both.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from glm_operator.config import (
     load_config,
 )
 from glm_operator.planning.accelerators import DEFAULT_IMAGE_REGISTRY
+from glm_operator.planning.architectures import ImageArchitectures, image_architectures, platforms
 from glm_operator.render.cli import GLMSERVICE, MODELVERSION, RenderCommandError, render_documents
 from glm_operator.render.cli import _documents as read_documents
 from glm_operator.render.inference_pool import (
@@ -333,10 +336,18 @@ def _config(args: argparse.Namespace) -> OperatorConfig:
         raise ImagesCommandError(f"operator config {where}: {exc}") from exc
 
 
-def format_uses(uses: Uses, output: str) -> str:
+def _platforms(image: str, table: ImageArchitectures | None) -> list[str] | None:
+    architectures = image_architectures(image, table or {})
+    return None if architectures is None else list(platforms(architectures))
+
+
+def format_uses(uses: Uses, output: str, table: ImageArchitectures | None = None) -> str:
+    """`table`: image repository -> architectures (the config's image_architecture_table),
+    for the JSON's `platforms` (a mirror copies those)."""
     images = sorted(uses)
     if output == "json":
-        return json.dumps([{"image": image, "usedBy": uses[image]} for image in images],
+        return json.dumps([{"image": image, "usedBy": uses[image],
+                            "platforms": _platforms(image, table)} for image in images],
                           indent=2) + "\n"
     return "".join(f"{image}\n" for image in images)
 
@@ -349,5 +360,5 @@ def run(args: argparse.Namespace) -> int:
     except (ImagesCommandError, RenderCommandError, ValueError) as exc:
         print(f"glm-operator images: {exc}", file=sys.stderr)
         return 1
-    sys.stdout.write(format_uses(uses, args.output))
+    sys.stdout.write(format_uses(uses, args.output, config.image_architecture_table))
     return 0

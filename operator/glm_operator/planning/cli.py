@@ -88,6 +88,8 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
                   f" ({p.weights_basis})"),
         ("placement", (f"{p.request.nodes} nodes x " if p.request.nodes > 1 else "")
                       + f"{p.request.count} x {p.profile.name} ({p.request.engine})"),
+        # the profile's nodes; the pods' pin also narrows by the images' builds
+        ("node architectures", ", ".join(p.profile.architectures)),
         (f"weights ({unit})", f"{gib(m.weights)} GiB"),
         ("KV cache", f"{gib(m.kv)} GiB ({p.kv_bytes_per_token} bytes/token)"),
         ("compute buffers", f"{gib(m.compute)} GiB"),
