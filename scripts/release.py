@@ -42,7 +42,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,11 @@ class ReleaseImage:
     reference: Callable[[str, str], str]  # (registry, version) -> as the operator renders it
     built_from_source: tuple[BuiltFromSource, ...] = ()
 
+    @property
+    def image_name(self) -> str:
+        """The name under the registry (`llama-server-cpu`), as the operator's tables key it."""
+        return self.reference("registry.invalid", "0").rsplit("/", 1)[1].rsplit(":", 1)[0]
+
     def buildx(self, registry: str, version: str, push: bool) -> list[str]:
         cmd = ["docker", "buildx", "build", "--platform", ",".join(self.platforms),
                "-f", self.dockerfile, self.context]
@@ -179,30 +184,30 @@ def _config_image(attribute: str) -> Callable[[str, str], str]:
 
 
 def release_images() -> list[ReleaseImage]:
-    """Every image of ours the operator renders (the vLLM ones it renders are upstream's).
+    """Every image of ours the operator renders (the vLLM ones it renders are upstream's), for
+    the platforms the operator's own table says the release builds (planning/architectures.py
+    RELEASED_IMAGE_PLATFORMS, which the render pins pods to): CUDA amd64 only, CANN arm64 only,
+    the rest both."""
+    from glm_operator.planning.architectures import released_platforms
 
-    Platforms: the CPU llama.cpp image, the endpoint picker and the Python image build for
-    both; CUDA is amd64 only (cuda-wheels.txt pins the x86_64 wheels' hashes); CANN arm64 only
-    (Kunpeng hosts; one image per SoC, the default ascend910b3 for 910B)."""
     llama = ("LLAMA_CPP_PYTHON_VERSION", pinned("llama_cpp_python"))
-    both = ("linux/amd64", "linux/arm64")
-    return [
+    images = [
         ReleaseImage("llamacpp-cpu", "runtime-images/llamacpp/Dockerfile.cpu",
-                     "runtime-images/llamacpp", both, (llama,), _runtime("llamacpp-cpu"),
+                     "runtime-images/llamacpp", (), (llama,), _runtime("llamacpp-cpu"),
                      (llama_cpp(llama[1], "CPU: runtime-images/llamacpp/cmake-flags-cpu.txt"),)),
         ReleaseImage("llamacpp-cuda", "runtime-images/llamacpp/Dockerfile.cuda",
-                     "runtime-images/llamacpp", ("linux/amd64",), (llama,),
-                     _runtime("llamacpp-cuda"),
+                     "runtime-images/llamacpp", (), (llama,), _runtime("llamacpp-cuda"),
                      (llama_cpp(llama[1], "CUDA: runtime-images/llamacpp/Dockerfile.cuda"),)),
         ReleaseImage("llamacpp-cann", "runtime-images/llamacpp/Dockerfile.cann",
-                     "runtime-images/llamacpp", ("linux/arm64",),
-                     (llama, ("SOC_TYPE", "ascend910b3")), _runtime("llamacpp-cann"),
+                     "runtime-images/llamacpp", (), (llama, ("SOC_TYPE", "ascend910b3")),
+                     _runtime("llamacpp-cann"),
                      (llama_cpp(llama[1], "CANN: runtime-images/llamacpp/Dockerfile.cann"),)),
-        ReleaseImage("epp", "runtime-images/epp/Dockerfile", "runtime-images/epp", both,
+        ReleaseImage("epp", "runtime-images/epp/Dockerfile", "runtime-images/epp", (),
                      (("GAIE_VERSION", pinned("epp")),), _config_image("epp_image")),
-        ReleaseImage("glm-operator", "runtime-images/python/Dockerfile", ".", both, (),
+        ReleaseImage("glm-operator", "runtime-images/python/Dockerfile", ".", (), (),
                      _config_image("operator_image")),
     ]
+    return [replace(image, platforms=released_platforms(image.image_name)) for image in images]
 
 
 def select(names: Sequence[str]) -> list[ReleaseImage]:
