@@ -140,7 +140,7 @@ def test_an_amd64_only_cann_image_is_refused_with_no_deployment_and_no_pod(
     planned = wait_condition(kubectl, ns, name, "Planned", "False", wait_for)
     assert planned["reason"] == "NoImageForNodeArchitecture", planned
     message = planned["message"]
-    assert "the accelerator profile ascend-910b nodes are arm64" in message, message
+    assert "the nodes of accelerator profile ascend-910b are arm64" in message, message
     assert f"image {CANN}:" in message and "is built for amd64 only" in message, message
     assert "imageArchitectures" in message and "another accelerator profile" in message
     obj = kubectl.get_json("glmservice", name, "-n", ns)

@@ -50,7 +50,7 @@ def test_an_amd64_only_cann_image_on_arm64_nodes_is_refused_with_the_facts() -> 
     planned = cond(decision, "Planned")
     assert (planned.status, planned.reason) == ("False", "NoImageForNodeArchitecture")
     assert planned.message.startswith("the main pool's pods cannot run anywhere: the "
-                                      "accelerator profile ascend-910b nodes are arm64, but "
+                                      "nodes of accelerator profile ascend-910b are arm64, but "
                                       f"image {CANN}:")
     assert "is built for amd64 only: build or mirror it for arm64" in planned.message
     assert f"imageArchitectures ({CANN}: [arm64])" in planned.message

@@ -64,10 +64,10 @@ def test_the_pods_architectures_are_the_intersection() -> None:
 
 def test_no_common_architecture_names_the_facts_and_the_fix() -> None:
     fit = pod_architectures(("amd64",), (OPERATOR, CANN), TABLE,
-                            nodes="accelerator profile ascend-x86")
+                            nodes="the nodes of accelerator profile ascend-x86")
     assert fit.architectures == ()
     assert fit.problem == (
-        "the accelerator profile ascend-x86 nodes are amd64, but image "
+        "the nodes of accelerator profile ascend-x86 are amd64, but image "
         f"{CANN} is built for arm64 only: build or mirror it for amd64 and list it in "
         "operator config imageArchitectures (registry.example.com/team/llama-server-cann: "
         "[amd64]), or choose another accelerator profile")

@@ -146,7 +146,7 @@ def test_no_common_architecture_is_refused_by_the_renderer() -> None:
     with pytest.raises(RenderInputError) as refused:
         render("llamacpp", "ascend910b", config)
     message = str(refused.value)
-    assert "accelerator profile ascend-910b nodes are arm64" in message
+    assert "the nodes of accelerator profile ascend-910b are arm64" in message
     assert f"{CANN}:0.1.0 is built for amd64 only" in message
     assert "imageArchitectures" in message and "another accelerator profile" in message
     render("vllm", "ascend910b", config)  # control: vllm-ascend has an arm64 build

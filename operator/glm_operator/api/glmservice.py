@@ -987,7 +987,8 @@ class PodOverrides(SpecModel):
         default=None, max_length=32, description="Added to the profile's."
     )
     affinity: FreeFormObject | None = Field(
-        default=None, description="core/v1 Affinity; replaces the profile's node affinity."
+        default=None, description="core/v1 Affinity; replaces the profile's node affinity "
+        "(the kubernetes.io/arch pin is still added to each required node selector term)."
     )
     resources: ResourceOverrides | None = Field(default=None, description="Engine container.")
     annotations: StringMap | None = Field(default=None, description="Pod annotations.")

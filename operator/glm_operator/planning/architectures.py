@@ -114,9 +114,10 @@ class ArchitectureFit:
 
 def pod_architectures(node_architectures: Sequence[str], images: Sequence[str],
                       table: ImageArchitectures, *, nodes: str) -> ArchitectureFit:
-    """The architectures of `nodes` (`profile ascend-910b`) that every one of `images` has a
-    build for, in the nodes' order. None left: the problem names the nodes' architectures,
-    the first image that rules the rest out and its builds, and the fix."""
+    """The architectures of `nodes` (`the nodes of accelerator profile ascend-910b`) that
+    every one of `images` has a build for, in the nodes' order. None left: the problem names
+    the nodes' architectures, the first image that rules the rest out and its builds, and
+    the fix."""
     left = tuple(node_architectures)
     for image in dict.fromkeys(images):  # each image once, in order
         builds = image_architectures(image, table)
@@ -128,7 +129,7 @@ def pod_architectures(node_architectures: Sequence[str], images: Sequence[str],
                       f" (and the pod's other images leave {_words(left)})")
             missing = " or ".join(left)
             return ArchitectureFit((), (
-                f"the {nodes} nodes are {_words(node_architectures)}{others}, but image "
+                f"{nodes} are {_words(node_architectures)}{others}, but image "
                 f"{image} is built for {_words(builds)} only: build or mirror it for "
                 f"{missing} and list it in operator config imageArchitectures "
                 f"({image_repository(image)}: [{', '.join(left)}]), or choose another "

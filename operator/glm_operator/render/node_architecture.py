@@ -43,7 +43,7 @@ def pool_images(service: GLMService, plan: Plan, config: OperatorConfig) -> tupl
 def pool_architectures(service: GLMService, plan: Plan, config: OperatorConfig) -> ArchitectureFit:
     return pod_architectures(plan.profile.architectures, pool_images(service, plan, config),
                              config.image_architecture_table,
-                             nodes=f"accelerator profile {plan.profile.name}")
+                             nodes=f"the nodes of accelerator profile {plan.profile.name}")
 
 
 def component_architectures(image: str, config: OperatorConfig) -> tuple[str, ...]:
@@ -51,7 +51,7 @@ def component_architectures(image: str, config: OperatorConfig) -> tuple[str, ..
     the fetch Job): whichever architectures the image has a build for. Never empty:
     imageArchitectures lists at least one architecture we know for every image it names."""
     fit = pod_architectures(ARCHITECTURES, (image,), config.image_architecture_table,
-                            nodes="cluster's")
+                            nodes="the cluster's nodes")
     return fit.architectures
 
 

@@ -75,6 +75,7 @@ local permanent = {
   InvalidPlanInput = true,
   EngineFormatMismatch = true,
   CacheNotShareable = true,
+  NoImageForNodeArchitecture = true,
   ModelVersionInvalid = true,
   ModelVersionFailed = true,
 }
