@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from glm_operator.api import GLMService, ModelVersion
+from glm_operator.config import OperatorConfig
 from glm_operator.decide.advice import infeasible_message
 from glm_operator.planning.from_api import (
     applicable_alternatives,
@@ -310,3 +311,23 @@ def test_a_patch_the_api_refuses_is_not_offered() -> None:
     bad = Alternative("context 8192", {"context_length": 8192}, GiB, pool_plan)
     applied, left = applicable_alternatives(svc, model, replace(pool_plan, alternatives=(bad,)))
     assert not applied and left == [bad]
+
+
+def test_no_patch_moves_the_service_to_nodes_its_images_have_no_build_for() -> None:
+    svc = manifest(GGUF_MV, engine="llamacpp", accelerator={"profile": "nvidia-a10"},
+                   contextLength=32768, concurrency=24)
+    service, model = GLMService.model_validate(svc), ModelVersion.model_validate(GGUF_MV)
+    moved = {"spec": {"accelerator": {"profile": "nvidia-a100-40gb"}}}
+    # Its nodes said to be arm64: the CUDA llama.cpp image (amd64 only) cannot run there.
+    arm64_a100 = OperatorConfig(acceleratorProfiles={"nvidia-a100-40gb":
+                                                     {"architectures": ["arm64"]}})
+    infeasible = plan(plan_request_for(service, model), arm64_a100.profiles)
+    message = infeasible_message("main", infeasible, service, model, (),
+                                 arm64_a100.profiles, arm64_a100)
+    assert moved not in patches_in(message), message
+    assert {"spec": {"accelerator": {"count": 2}}} in patches_in(message)  # others stay
+    # control: the default config offers the move
+    default = OperatorConfig()
+    infeasible = plan(plan_request_for(service, model), default.profiles)
+    assert moved in patches_in(infeasible_message("main", infeasible, service, model, (),
+                                                  default.profiles, default))

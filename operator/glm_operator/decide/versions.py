@@ -138,7 +138,7 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
             siblings = (namespace_model_versions() if namespace_model_versions
                         else model_versions)
             plan_problem = ("Infeasible", infeasible_message(
-                pool, candidate, service, mv, _parsed(siblings), profiles))
+                pool, candidate, service, mv, _parsed(siblings), profiles, config))
             break
     if plan_problem is None:
         plan_problem = cache_placement_problem(service, mv, main, long_plan)
