@@ -329,7 +329,12 @@ def build_image(store: Store, spec: ImageSpec, context: Path, base: str, inputs:
     log(f"building {spec.reference} ({spec.dockerfile.relative_to(REPO)}, "
         f"target {spec.target})")
     started = time.monotonic()
-    build_args = [arg for name, value in spec.build_args
+    # What buildx sets by itself and buildah 1.28 (Debian bookworm's) does not: the
+    # Dockerfiles' cross-compiling stages run on BUILDPLATFORM for TARGETARCH.
+    native, target = native_arch(), spec.arch or native_arch()
+    platform_args = (("BUILDPLATFORM", f"linux/{native}"), ("BUILDARCH", native),
+                     ("TARGETPLATFORM", f"linux/{target}"), ("TARGETARCH", target))
+    build_args = [arg for name, value in (*platform_args, *spec.build_args)
                   for arg in ("--build-arg", f"{name}={value}")]
     store.run(["nice", "-n", "19", *store.buildah(
         "bud", "--pull=never", "--isolation", "chroot", "--layers=false",
@@ -509,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--arch", action="append", default=[], choices=("amd64", "arm64"),
                        help="also build the images e2e/images_foreign.py makes for this "
                             "architecture (repeatable; this machine's is always built)")
+    build.add_argument("--with-llama", action="store_true",
+                       help="with --arch: the CPU llama.cpp image too (cross compiled, about "
+                            "half an hour cold)")
     sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (35 min cold: "
                                       "docs/images.md)")
     podman = sub.add_parser("podman", help="run podman on the images' storage")
@@ -531,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             built = build_all()
             for arch in dict.fromkeys(args.arch):
                 if arch != native_arch():
-                    built += build_foreign(arch)
+                    built += build_foreign(arch, llama=args.with_llama)
     except (ImageBuildError, toolchain.BuildError) as exc:
         log(f"FAILED: {exc}")
         return 1

@@ -1,6 +1,7 @@
 """The images built for an architecture other than this machine's: linux/arm64 on amd64.
 
     python -m e2e.images build --arch arm64     # (make images-multiarch) both architectures
+    python -m e2e.images build --arch arm64 --with-llama    # and the CPU llama.cpp image
 
 What runs where:
 - Emulation: the arm64 base's package scripts (mmdebstrap) and the Dockerfiles' RUN steps
@@ -8,14 +9,17 @@ What runs where:
   Debian's qemu-user-static ships the handler's definition (/usr/lib/binfmt.d/qemu-aarch64.conf,
   flags `F`: the interpreter is opened once, so it also serves inside a chroot); where no
   system service has registered it, `ensure_emulation` writes it to
-  /proc/sys/fs/binfmt_misc/register (root). Checked by running the base's own /bin/true.
+  /proc/sys/fs/binfmt_misc/register (root). Checked by running the base's own `uname -m`.
 - The glm-operator image: the same Dockerfile stage, with the aarch64 wheels of its
   dependencies (pip download --platform manylinux_*_aarch64, resolved here as for amd64).
 - The endpoint picker: the toolchain's `epp_arm64`, cross-compiled by Go (GOARCH=arm64, CGO
   off): no emulated compiler.
-- The llama.cpp CPU image is not built for arm64 here: compiling llama.cpp for it (a cross
-  compiler or emulation) costs more than the suite's whole budget on two cores. The release
-  workflow builds it (docs/release.md); `make release` here says so.
+- The llama.cpp CPU image (`build --arch arm64 --with-llama`, and `make release`): its
+  Dockerfile's own `runtime` target, whose build stage runs on this machine's platform
+  (BUILD_BASE, BUILDPLATFORM) with Debian's cross compiler and the target's libssl-dev from
+  Debian's multiarch archive, so the compile is native speed (about 10 minutes of two cores
+  cold); the sdist comes in the build context (INPUTS=inputs-context). The release
+  workflow's buildx runs the same stages.
 
 Each build is tagged `<the rendered reference>-<arch>` in the images' storage (the rendered
 name itself stays this machine's build, which the podman pod tests run). `manifest_list`
@@ -25,6 +29,7 @@ joins the builds of one image into the multi-platform index the release pushes.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -33,10 +38,14 @@ from e2e import images, toolchain
 
 # Debian architecture (= GOARCH for these two) -> the kernel's and qemu's name for it.
 QEMU_NAMES = {"arm64": "aarch64", "amd64": "x86_64"}
+# ELF e_machine of each architecture's binaries.
+ELF_MACHINES = {"amd64": 62, "arm64": 183}
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 BINFMT_DEFINITIONS = Path("/usr/lib/binfmt.d")
 # The images built for another architecture here, by e2e/images.py's name.
 FOREIGN_IMAGES = ("epp", "glm-operator")
+# The CPU llama.cpp image's cross compile (`--with-llama`): 10 minutes here, more under load.
+LLAMA_BUILD_TIMEOUT = 2 * 3600
 
 
 class EmulationUnavailable(images.ImageBuildError):
@@ -99,6 +108,39 @@ def _epp_context(work: Path, arch: str) -> Path:
     return context
 
 
+def llama_cpu_spec(arch: str) -> images.ImageSpec:
+    """The CPU llama.cpp image for `arch`, compiled by its Dockerfile's own `runtime` target: on
+    this machine's platform with Debian's cross compiler (BUILD_BASE: this machine's base), from
+    the sdist in the build context."""
+    return replace(foreign_spec(images.llama_cpu_spec(), arch), target="runtime",
+                   build_args=(("INPUTS", "inputs-context"),
+                               ("BUILD_BASE", images.base_reference())))
+
+
+def _sdist_downloads() -> Path:
+    """The pinned llama-cpp-python sdist, downloaded here once: downloads/sdist/*.tar.gz."""
+    version = toolchain.versions()["llama_cpp_python"]
+    folder = toolchain.cache_root() / f"llamacpp-sdist-{version}"
+    if (folder / toolchain.COMPLETE_MARKER).exists():
+        return folder / "downloads"
+    staging = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    images.store_free_run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                           "--no-binary", ":all:", "--dest", str(staging / "downloads" / "sdist"),
+                           f"llama-cpp-python=={version}"], "pip download (llama-cpp-python sdist)")
+    (staging / toolchain.COMPLETE_MARKER).write_text(f"{version}\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder / "downloads"
+
+
+def _llama_context(work: Path, arch: str) -> Path:
+    context = work / f"llamacpp-{arch}"
+    shutil.copytree(_sdist_downloads(), context / "downloads")
+    shutil.copy2(images.llama_cpu_spec().dockerfile, context / "Dockerfile")
+    return context
+
+
 def check_runs(store: images.Store, base: str, arch: str) -> None:
     """The base's own binaries run here (emulated): else every RUN step would fail obscurely."""
     result = store.run(store.podman("run", "--rm", "--network", "none", "--arch", arch, base,
@@ -109,8 +151,9 @@ def check_runs(store: images.Store, base: str, arch: str) -> None:
             f"exit {result.returncode}): {result.stderr[-500:]}")
 
 
-def build_foreign(arch: str) -> list[images.Built]:
-    """The base and FOREIGN_IMAGES for `arch`, each only when its inputs changed."""
+def build_foreign(arch: str, llama: bool = False) -> list[images.Built]:
+    """The base and FOREIGN_IMAGES for `arch`, each only when its inputs changed; with `llama`,
+    the CPU llama.cpp image too (cross compiled: about 10 minutes of two cores cold)."""
     ensure_emulation(arch)
     store = images.Store.default()
     store.prepare()
@@ -130,7 +173,21 @@ def build_foreign(arch: str) -> list[images.Built]:
         built.append(images.reuse(store, python, inputs)
                      or images.build_image(store, python, images.python_context(work, arch),
                                            base.reference, inputs))
+        if llama:
+            spec = llama_cpu_spec(arch)
+            context = _llama_context(work, arch)
+            inputs = _llama_inputs(store, spec, base_id, context)
+            built.append(images.reuse(store, spec, inputs)
+                         or images.build_image(store, spec, context, base.reference, inputs,
+                                               timeout=LLAMA_BUILD_TIMEOUT))
         return built
+
+
+def _llama_inputs(store: images.Store, spec: images.ImageSpec, base_id: str,
+                  context: Path) -> str:
+    """The target's base, the building machine's (BUILD_BASE), the Dockerfile and the sdist."""
+    native_id = store.image_id(images.ensure_base(store).reference)
+    return spec.inputs_hash(f"{base_id} {native_id}", images.context_files(context))
 
 
 def image_arch(store: images.Store, reference: str) -> str:
@@ -149,8 +206,25 @@ def manifest_list(store: images.Store, name: str, references: list[str]) -> None
 
 
 def elf_machine(path: Path) -> int:
-    """e_machine of an ELF file (62: x86-64, 183: AArch64)."""
+    """e_machine of an ELF file (ELF_MACHINES)."""
     header = path.read_bytes()[:20]
     if header[:4] != b"\x7fELF":
         raise ValueError(f"{path} is not an ELF file")
     return int.from_bytes(header[18:20], "little")
+
+
+def binary_machine(store: images.Store, image: str, path: str) -> int:
+    """The ELF machine of `path` in `image`, read from the image's mounted file system (no
+    code of the image runs)."""
+    mounted = store.run(store.podman("image", "mount", image), "podman image mount")
+    try:
+        root = Path(mounted.stdout.strip())
+        target = root / path.lstrip("/")
+        while target.is_symlink():  # an absolute link points inside the image
+            link = Path(target.readlink())
+            target = root / str(link).lstrip("/") if link.is_absolute() else \
+                target.parent / link
+        return elf_machine(target)
+    finally:
+        store.run(store.podman("image", "unmount", image), "podman image unmount",
+                  check=False)

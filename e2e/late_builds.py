@@ -49,6 +49,7 @@ BY_FIXTURE: dict[str, tuple[str, ...]] = {
     "vllm_lists": (VLLM,),
     "vllm_engine": (VLLM,),
     "release_tools": ("crane", "syft", "epp_arm64"),
+    "arm64_llama": ("epp_arm64",),
 }
 BY_MARKER: dict[str, tuple[str, ...]] = {
     "llama": ("llama_cpp_python",),

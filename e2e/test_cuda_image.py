@@ -18,16 +18,13 @@ there is its own `ggml_cuda_init` message and its line in system_info.
 
 from __future__ import annotations
 
-import json
 import os
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from e2e import images, images_cuda
+from e2e.llama_http import complete, wait_healthy
 from e2e.models import write_tiny_llama
 from e2e.ports import free_port
 from e2e.test_images import require_image_tools
@@ -99,27 +96,11 @@ def test_serves_on_the_cpu_with_the_cuda_backend_compiled_in(
         # -lv 4: the start-up trace, whose system_info line lists each backend compiled in.
         "-c", "256", "-t", "1", "-lv", "4"), "podman run")
     try:
-        deadline = time.monotonic() + 120
-        status = 0
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
-                                            timeout=5) as response:
-                    status = response.status
-            except (urllib.error.URLError, ConnectionError):
-                status = 0
-            if status == 200:
-                break
-            time.sleep(1)
+        status = wait_healthy(port, 120)
         logs = store.run(store.podman("logs", name), "podman logs", check=False)
         log = logs.stdout + logs.stderr
         assert status == 200, f"llama-server never served /health:\n{log[-4000:]}"
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/completion",
-            data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
-            headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            answer = json.load(response)
+        answer = complete(port, "Hello", 4, timeout=60)
         assert answer["tokens_predicted"] == 4, answer
         assert any(message in log for message in NO_DEVICE), log[-4000:]
         assert "CUDA : ARCHS = 900" in log, log[-4000:]

@@ -19,11 +19,11 @@ and the chart's version and appVersion.
 - `sbom`: syft's SPDX JSON of each pushed image, one per platform, read from the registry.
 - `chart`: `helm package charts/glm-operator` and `helm push` to `oci://<registry>/charts`.
 - `local`: what the workflow does, on this machine without Docker: the images e2e/images.py
-  builds for this machine's platform, and for linux/arm64 the glm-operator and endpoint-picker
-  images e2e/images_foreign.py builds (emulated), pushed from its podman storage (one
-  platform with `podman push`, several as one OCI index with `podman manifest push --all`),
-  then `sbom` and `chart`. Not built here: the CUDA and CANN images, and the llama.cpp CPU
-  image for arm64; the summary's `notBuiltHere` lists them by platform.
+  builds for this machine's platform, and for linux/arm64 the ones e2e/images_foreign.py
+  builds (the glm-operator image emulated, the picker and llama.cpp cross compiled), pushed
+  from its podman storage (one platform with `podman push`, several as one OCI index with
+  `podman manifest push --all`), then `sbom` and `chart`. Not built here: the CUDA and CANN
+  images; the summary's `notBuiltHere` lists them by platform.
 
 `--plain-http` talks HTTP to the registry (a local test registry); never for a real one.
 Images are tagged `<registry>/<name>:<version>`, as the operator renders them with
@@ -360,8 +360,8 @@ def _push(store: Any, name: str, sources: dict[str, str], target: str, out: Path
 
 def local(registry: str, version: str, out: Path, plain_http: bool) -> dict[str, object]:
     """Build with e2e/images.py (podman storage): this machine's platform, and linux/arm64
-    emulated for the images e2e/images_foreign.py builds; push each image (several platforms
-    as one index), SBOM per platform, chart."""
+    for the images e2e/images_foreign.py builds; push each image (several platforms as one
+    index), SBOM per platform, chart."""
     sys.path.insert(0, str(REPO))
     from e2e import images as local_images
     from e2e import images_foreign
@@ -375,7 +375,7 @@ def local(registry: str, version: str, out: Path, plain_http: bool) -> dict[str,
     for arch in ("amd64", "arm64"):
         if f"linux/{arch}" == here:
             continue
-        for built in images_foreign.build_foreign(arch):
+        for built in images_foreign.build_foreign(arch, llama=True):
             if built.name in released and f"linux/{arch}" in released[built.name].platforms:
                 sources.setdefault(built.name, {})[f"linux/{arch}"] = built.reference
     not_built = {name: [p for p in image.platforms if p not in sources.get(name, {})]

@@ -132,8 +132,10 @@ def test_vllm_images_have_the_ray_that_groups_start(image: str) -> None:
 PREBUILT = {"llamacpp-cpu": ("prebuilt/llama-server", "build"),
             "python": ("install-prebuilt", "install"),
             "epp": ("prebuilt/epp", "build")}
-# Upstream images a build stage starts from besides the Debian base: the picker's Go toolchain.
-BUILD_BASES = {"epp": {"${GO_IMAGE}"}}
+# Upstream images a build stage starts from besides the Debian base: the picker's Go toolchain;
+# the CPU llama.cpp image's compile and input stages, on the building machine's platform (and
+# ${INPUTS}, one of those input stages).
+BUILD_BASES = {"epp": {"${GO_IMAGE}"}, "llamacpp-cpu": {"${BUILD_BASE}", "${INPUTS}"}}
 
 
 @pytest.mark.parametrize("image", sorted(PREBUILT))
@@ -160,10 +162,27 @@ def test_built_images_take_their_base_as_an_argument(image: str) -> None:
     """Default: the pinned upstream Debian; the tests pass their local mmdebstrap base."""
     text = EXPECTED[image].read_text()
     assert parse(text).global_args["BASE"] == "debian:12.11-slim"
-    bases = {line.split()[1] for line in text.splitlines() if line.startswith("FROM ")}
+    bases = {next(w for w in line.split()[1:] if not w.startswith("--"))
+             for line in text.splitlines() if line.startswith("FROM ")}
     stage_names = {s.name for s in parse(text).stages if s.name}
     assert bases - stage_names == {"${BASE}", *BUILD_BASES.get(image, ())}, \
         "every upstream stage but a compiler's starts FROM ${BASE}"
+
+
+def test_the_cpu_image_compiles_on_the_building_machine_for_the_target() -> None:
+    """An arm64 image built on amd64 cross compiles at native speed: every stage that runs a
+    compiler or a download is on BUILDPLATFORM, only the runtime stages are the target's."""
+    text = EXPECTED["llamacpp-cpu"].read_text()
+    froms = {line.split(" AS ")[-1].strip(): line for line in text.splitlines()
+             if line.startswith("FROM ")}
+    for stage in ("inputs-pypi", "inputs-context", "build"):
+        assert froms[stage].startswith("FROM --platform=$BUILDPLATFORM ${BUILD_BASE} "), stage
+    assert froms["runtime-base"] == "FROM --platform=$TARGETPLATFORM ${BASE} AS runtime-base"
+    build = next(s for s in parse(text).stages if s.name == "build")
+    runs = " ".join(i.value for i in build.instructions if i.keyword == "RUN")
+    assert "crossbuild-essential-${TARGETARCH}" in runs and "libssl-dev:${TARGETARCH}" in runs
+    assert "-DCMAKE_CXX_COMPILER=${triple}-g++" in runs
+    assert parse(text).global_args["BUILD_BASE"] == parse(text).global_args["BASE"]
 
 
 @pytest.mark.parametrize(
