@@ -29,7 +29,6 @@ from glm_operator.planning.accelerators import (
     DEFAULT_IMAGE_REGISTRY,
     AcceleratorProfile,
     check_pinned_image,
-    load_profiles,
 )
 from glm_operator.planning.architectures import (
     Architecture,
@@ -37,6 +36,7 @@ from glm_operator.planning.architectures import (
     check_architectures,
     image_repository,
 )
+from glm_operator.planning.profile_config import load_profiles
 
 CONFIG_FILE_ENV = "GLM_OPERATOR_CONFIG"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

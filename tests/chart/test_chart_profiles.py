@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from chart_helm import CHART, KUBE_VERSION, Helm, HelmError  # tests/chart is on sys.path
-from glm_operator.planning.accelerators import _CONFIG_KEYS, load_profiles
+from glm_operator.planning.profile_config import _CONFIG_KEYS, load_profiles
 
 VALID_IMAGE = "registry.example.com/llama-server-cpu:1.2.3"
 

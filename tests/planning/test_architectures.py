@@ -8,7 +8,7 @@ from typing import Any
 import pydantic
 import pytest
 from glm_operator.config import OperatorConfig
-from glm_operator.planning.accelerators import builtin_profiles, load_profiles
+from glm_operator.planning.accelerators import builtin_profiles
 from glm_operator.planning.architectures import (
     RELEASED_IMAGE_PLATFORMS,
     builtin_image_architectures,
@@ -17,6 +17,7 @@ from glm_operator.planning.architectures import (
     pod_architectures,
     released_platforms,
 )
+from glm_operator.planning.profile_config import load_profiles
 
 TABLE = builtin_image_architectures("registry.example.com/team")
 CANN = "registry.example.com/team/llama-server-cann:1.0"

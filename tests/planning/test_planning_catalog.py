@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from glm_operator.planning.accelerators import (
-    PROFILES,
-    builtin_profiles,
-    get_profile,
-    load_profiles,
-)
+from glm_operator.planning.accelerators import PROFILES, builtin_profiles, get_profile
+from glm_operator.planning.profile_config import load_profiles
 
 MiB = 1024**2
 

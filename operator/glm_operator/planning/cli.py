@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from glm_operator.planning.accelerators import PROFILES, load_profiles
+from glm_operator.planning.accelerators import PROFILES
 from glm_operator.planning.facts import ArchitectureFacts
 from glm_operator.planning.planner import Plan, PlanRequest, gib, plan
+from glm_operator.planning.profile_config import load_profiles
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
