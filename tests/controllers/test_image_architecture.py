@@ -71,3 +71,18 @@ def test_the_long_context_pool_is_checked_too() -> None:
     assert engines(decision) == []
     # control: without the narrowing both pools are planned
     assert cond(decide(svc, ready_mv(mv), OperatorConfig()), "Planned").status == "True"
+
+
+def test_a_node_selector_for_an_architecture_the_pin_leaves_out_is_refused() -> None:
+    mv, svc = on_910b(podOverrides={"nodeSelector": {"kubernetes.io/arch": "amd64"}})
+    planned = cond(decide(svc, mv, OperatorConfig()), "Planned")
+    assert (planned.status, planned.reason) == ("False", "NoImageForNodeArchitecture")
+    assert "spec.podOverrides.nodeSelector asks for kubernetes.io/arch=amd64" in planned.message
+    assert "share arm64 only" in planned.message
+    # control: the architecture the pin allows is planned (and rendered as asked)
+    mv, svc = on_910b(podOverrides={"nodeSelector": {"kubernetes.io/arch": "arm64"}})
+    decision = decide(svc, mv, OperatorConfig())
+    assert cond(decision, "Planned").status == "True"
+    (deployment,) = engines(decision)
+    assert deployment["spec"]["template"]["spec"]["nodeSelector"] == {
+        "kubernetes.io/arch": "arm64"}

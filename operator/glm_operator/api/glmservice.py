@@ -982,7 +982,10 @@ _RESERVED_LABEL_RULE = " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_LAB
 class PodOverrides(SpecModel):
     """Escape hatches applied to every engine pod, after the plan."""
 
-    node_selector: StringMap | None = Field(default=None, description="Added to the profile's.")
+    node_selector: StringMap | None = Field(
+        default=None, description="Added to the profile's. A kubernetes.io/arch that the "
+        "operator's own pin leaves out (no image build for it) is refused: Planned=False, "
+        "reason NoImageForNodeArchitecture.")
     tolerations: list[Toleration] | None = Field(
         default=None, max_length=32, description="Added to the profile's."
     )
