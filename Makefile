@@ -92,6 +92,7 @@ demo: deps toolchain ## Bring up the local cluster and show the operator doing i
 test: deps ## Run every test: unit, then e2e on the local control plane (CI runs this)
 	$(PY) -m e2e.toolchain build --first
 	$(PY) -m e2e.toolchain build --rest --background .e2e/toolchain-background.log
+	$(PY) -m e2e.images build-foreign --arch arm64 --background .e2e/images-arm64-background.log
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: test-unit

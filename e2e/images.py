@@ -516,7 +516,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "architecture (repeatable; this machine's is always built)")
     build.add_argument("--with-llama", action="store_true",
                        help="with --arch: the CPU llama.cpp image too (cross compiled, about "
-                            "half an hour cold)")
+                            "10 minutes cold)")
+    foreign = sub.add_parser("build-foreign", help="only the images for another architecture "
+                             "(e2e/images_foreign.py), the CPU llama.cpp one included")
+    foreign.add_argument("--arch", default="arm64", choices=("amd64", "arm64"))
+    foreign.add_argument("--background", type=Path, metavar="LOG",
+                         help="start the build detached at nice 19 and return (make test: "
+                              "it overlaps the tests that do not need it)")
     sub.add_parser("build-cuda", help="the CUDA llama.cpp image's test build (35 min cold: "
                                       "docs/images.md)")
     podman = sub.add_parser("podman", help="run podman on the images' storage")
@@ -527,9 +533,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.prepare()
         return subprocess.run(store.podman(*[a for a in args.args if a != "--"]),
                               env=store.env(), check=False).returncode
+    if args.command == "build-foreign" and args.background is not None:
+        return _build_foreign_in_background(args.arch, args.background)
     started = time.monotonic()
     try:
-        if args.command == "build-cuda":
+        if args.command == "build-foreign":
+            from e2e.images_foreign import build_foreign
+
+            built = build_foreign(args.arch, llama=True) if args.arch != native_arch() else []
+        elif args.command == "build-cuda":
             from e2e.images_cuda import build_cuda
 
             built = [build_cuda()]
@@ -547,6 +559,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         how = "cached" if image.cached else f"built in {image.seconds:.0f}s"
         print(f"{image.reference:55} {image.size_bytes / 1e6:7.1f} MB  {how}")
     print(json.dumps({"seconds": round(time.monotonic() - started, 1)}))
+    return 0
+
+
+def _build_foreign_in_background(arch: str, log_path: Path) -> int:
+    """`build-foreign` detached from this process (its own session, so it outlives make's
+    step), at the lowest CPU priority. The tests that need its images find them built, or wait
+    for it on the storage's build lock; a failed build is left for them to report."""
+    if arch == native_arch():
+        return 0
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as out:
+        subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "e2e.images",
+                          "build-foreign", "--arch", arch], stdout=out, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True)
+    log(f"{arch} images: background build started; log: {log_path}")
     return 0
 
 
