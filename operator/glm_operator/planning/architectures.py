@@ -45,7 +45,9 @@ RELEASED_IMAGE_PLATFORMS: Mapping[str, tuple[Architecture, ...]] = MappingProxyT
 # Upstream images (repository, no tag -> architectures) as their publishers say they publish
 # them: linux/amd64 and linux/arm64 for both, at these tags. That is the publishers' claim, not
 # checked here against the registries: vLLM published amd64 only for a long time (its issue
-# #22206, August 2025, asks for an arm64 build; GH200 users built their own) and vllm-ascend
+# #22206, August 2025, asks for an arm64 build; GH200 users built their own), while a manifest
+# query of vllm/vllm-openai:v0.21.0 (2026, NVIDIA/Model-Optimizer#2042) found an index with
+# linux/arm64; vllm-ascend
 # images were once amd64 only too (vllm-ascend issue #2521). Both are kept here, so the pin
 # follows the profile's nodes; a registry or mirror that holds one platform says so in
 # operator config imageArchitectures, and the operator then refuses what cannot run.
