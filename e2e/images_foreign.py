@@ -42,8 +42,6 @@ QEMU_NAMES = {"arm64": "aarch64", "amd64": "x86_64"}
 ELF_MACHINES = {"amd64": 62, "arm64": 183}
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 BINFMT_DEFINITIONS = Path("/usr/lib/binfmt.d")
-# The images built for another architecture here, by e2e/images.py's name.
-FOREIGN_IMAGES = ("epp", "glm-operator")
 # The CPU llama.cpp image's cross compile (`--with-llama`): 10 minutes here, more under load.
 LLAMA_BUILD_TIMEOUT = 2 * 3600
 
@@ -152,8 +150,9 @@ def check_runs(store: images.Store, base: str, arch: str) -> None:
 
 
 def build_foreign(arch: str, llama: bool = False) -> list[images.Built]:
-    """The base and FOREIGN_IMAGES for `arch`, each only when its inputs changed; with `llama`,
-    the CPU llama.cpp image too (cross compiled: about 10 minutes of two cores cold)."""
+    """The base, the picker and glm-operator for `arch`, each only when its inputs changed;
+    with `llama`, the CPU llama.cpp image too (cross compiled: about 10 minutes of two cores
+    cold)."""
     ensure_emulation(arch)
     store = images.Store.default()
     store.prepare()
