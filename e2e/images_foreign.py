@@ -8,8 +8,9 @@ What runs where:
   (apt-get, pip install) run arm64 code, through qemu-user-static's binfmt_misc handler.
   Debian's qemu-user-static ships the handler's definition (/usr/lib/binfmt.d/qemu-aarch64.conf,
   flags `F`: the interpreter is opened once, so it also serves inside a chroot); where no
-  system service has registered it, `ensure_emulation` writes it to
-  /proc/sys/fs/binfmt_misc/register (root). Checked by running the base's own `uname -m`.
+  system service has registered it, `ensure_emulation` mounts binfmt_misc when a fresh machine
+  has not (root, or `sudo -n`) and writes the definition to /proc/sys/fs/binfmt_misc/register.
+  Checked by running the base's own `uname -m`.
 - The glm-operator image: the same Dockerfile stage, with the aarch64 wheels of its
   dependencies (pip download --platform manylinux_*_aarch64, resolved here as for amd64).
 - The endpoint picker: the toolchain's `epp_arm64`, cross-compiled by Go (GOARCH=arm64, CGO
@@ -28,7 +29,9 @@ joins the builds of one image into the multi-platform index the release pushes.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -66,21 +69,45 @@ def emulation_problem(arch: str) -> str | None:
     if not definition.exists():
         return (f"qemu-user-static is not installed ({definition} is missing): run `make deps` "
                 "(Debian packages qemu-user-static and arch-test)")
-    if not (BINFMT / "register").exists():
-        return (f"binfmt_misc is not mounted at {BINFMT}: `mount -t binfmt_misc binfmt_misc "
-                f"{BINFMT}` (root), or build {arch} images on a {arch} machine")
     return None
 
 
+def mount_command() -> list[str]:
+    """The command that mounts binfmt_misc, through `sudo -n` for a user other than root."""
+    command = ["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)]
+    return command if os.geteuid() == 0 else ["sudo", "-n", *command]
+
+
+def _mount_binfmt(arch: str) -> None:
+    """Mount binfmt_misc where a fresh machine has not (nothing else in the suite needs it, so
+    the build that needs it does it); raise EmulationUnavailable saying what to run."""
+    if (BINFMT / "register").exists():
+        return
+    command = mount_command()
+    images.log(f"binfmt_misc is not mounted: {' '.join(command)}")
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        failure = result.stderr.strip() if result.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        failure = str(exc)
+    if failure or not (BINFMT / "register").exists():
+        raise EmulationUnavailable(
+            f"binfmt_misc is not mounted at {BINFMT} and `{' '.join(command)}` failed "
+            f"({failure or 'no register file after it'}): run `sudo mount -t binfmt_misc "
+            f"binfmt_misc {BINFMT}` once, or build {arch} images on a {arch} machine")
+
+
 def ensure_emulation(arch: str) -> None:
-    """Register qemu's handler for `arch` from Debian's definition when no one has; raise
-    EmulationUnavailable saying why when that cannot be done."""
+    """Register qemu's handler for `arch` from Debian's definition when no one has, mounting
+    binfmt_misc first where it is not; raise EmulationUnavailable saying why when that cannot
+    be done."""
     problem = emulation_problem(arch)
     if problem is not None:
         raise EmulationUnavailable(problem)
     qemu = QEMU_NAMES.get(arch)
     if arch == images.native_arch() or (BINFMT / f"qemu-{qemu}").exists():
         return
+    _mount_binfmt(arch)
     lines = [line for line in (BINFMT_DEFINITIONS / f"qemu-{qemu}.conf").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     images.log(f"registering qemu-{qemu} with binfmt_misc (flags F)")

@@ -36,9 +36,10 @@ AARCH64 = images_foreign.ELF_MACHINES[ARCH]
 @pytest.fixture(scope="module")
 def arm64_llama() -> images.Built:
     require_image_tools("arm64 llama.cpp image test")
-    problem = images_foreign.emulation_problem(ARCH)
-    if problem is not None:
-        pytest.fail(f"arm64 code cannot run here: {problem}")
+    try:
+        images_foreign.ensure_emulation(ARCH)
+    except images_foreign.EmulationUnavailable as exc:
+        pytest.fail(f"arm64 code cannot run here: {exc}")
     (built,) = [b for b in images_foreign.build_foreign(ARCH, llama=True)
                 if b.name == "llamacpp-cpu"]
     return built

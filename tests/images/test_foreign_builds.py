@@ -53,12 +53,55 @@ def test_the_definition_is_registered_without_its_comments(binfmt: tuple[Path, P
     proc, definitions = binfmt
     line = f":qemu-{QEMU}:M::\\x7fELF:\\xff:/usr/libexec/qemu-binfmt/{QEMU}-binfmt-P:OPF"
     (definitions / f"qemu-{QEMU}.conf").write_text(f"# a comment\n\n{line}\n")
-    # Not mounted: said so, and nothing is written.
-    with pytest.raises(images_foreign.EmulationUnavailable, match="not mounted"):
-        images_foreign.ensure_emulation(NOT_NATIVE)
     (proc / "register").write_text("")
     images_foreign.ensure_emulation(NOT_NATIVE)
     assert (proc / "register").read_text() == line + "\n"
+
+
+def test_a_fresh_machine_gets_binfmt_misc_mounted(
+        binfmt: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not mounted: the build mounts it (the mount here is the test's stand-in: a command that
+    leaves the register file, as the kernel's mount does), then registers the definition."""
+    proc, definitions = binfmt
+    line = f":qemu-{QEMU}:M::\\x7fELF:\\xff:/usr/libexec/qemu-binfmt/{QEMU}-binfmt-P:OPF"
+    (definitions / f"qemu-{QEMU}.conf").write_text(line + "\n")
+    ran: list[list[str]] = []
+
+    def mount() -> list[str]:
+        command = ["touch", str(proc / "register")]
+        ran.append(command)
+        return command
+
+    monkeypatch.setattr(images_foreign, "mount_command", mount)
+    assert images_foreign.emulation_problem(NOT_NATIVE) is None
+    images_foreign.ensure_emulation(NOT_NATIVE)
+    assert len(ran) == 1
+    assert (proc / "register").read_text() == line + "\n"
+    # Mounted already: no second mount.
+    (proc / "register").write_text("")
+    images_foreign.ensure_emulation(NOT_NATIVE)
+    assert len(ran) == 1
+
+
+def test_a_mount_that_fails_says_what_to_run(
+        binfmt: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    proc, definitions = binfmt
+    (definitions / f"qemu-{QEMU}.conf").write_text(f":qemu-{QEMU}:M::x:y:/q:F\n")
+    monkeypatch.setattr(images_foreign, "mount_command",
+                        lambda: ["sh", "-c", "echo 'sudo: a password is required' >&2; exit 1"])
+    with pytest.raises(images_foreign.EmulationUnavailable) as raised:
+        images_foreign.ensure_emulation(NOT_NATIVE)
+    message = str(raised.value)
+    assert "not mounted" in message and "a password is required" in message
+    assert f"sudo mount -t binfmt_misc binfmt_misc {proc}" in message
+    assert not (proc / "register").exists()
+
+
+def test_root_mounts_directly_and_others_through_sudo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images_foreign.os, "geteuid", lambda: 0)
+    assert images_foreign.mount_command()[0] == "mount"
+    monkeypatch.setattr(images_foreign.os, "geteuid", lambda: 1000)
+    assert images_foreign.mount_command()[:3] == ["sudo", "-n", "mount"]
 
 
 def test_another_architectures_build_is_tagged_and_cached_apart() -> None:
