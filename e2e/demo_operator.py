@@ -11,8 +11,10 @@
 5. the engine and gateway containers are played by real processes started with the argv
    the operator rendered into the Deployment, and one chat request goes through the gateway
    to llama-server; the gateway's metrics for it are shown;
-6. a canary to a second ModelVersion walks its steps, judged by a real Prometheus that
-   scrapes stand-ins for the two versions' gateways, and is promoted.
+6. canaries walk their steps, judged against the stable version by the operator's analysis
+   through a real Prometheus that scrapes stand-ins for the versions' gateways: a healthy
+   second ModelVersion is promoted, a degraded third one rolled back with the reason
+   (e2e/demo_canary.py); the demo exits non-zero when either ends otherwise.
 """
 
 from __future__ import annotations
@@ -164,7 +166,11 @@ def run(kubectl: Kubectl) -> int:
     kubectl.apply_files(CRDS, field_manager="glm-demo")
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true",
             "--timeout=120s")
-    prometheus = demo_canary.start_prometheus()
+    try:
+        prometheus = demo_canary.start_prometheus()
+    except demo_canary.DemoFailed as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
     operator = OperatorProcess(kubectl, namespaces=(NAMESPACE,),
                                extra_args=demo_canary.operator_args(workdir, prometheus))
     try:
@@ -194,15 +200,16 @@ def run(kubectl: Kubectl) -> int:
         heading("The rendered pod, played by real processes")
         serve_one_request(kubectl, workdir, cached)
 
-        if prometheus is not None:
-            heading("A canary to a new ModelVersion, judged by a real Prometheus")
-            demo_canary.run(kubectl, prometheus, NAMESPACE, SERVICE,
-                            lambda name: play_fetch_job(kubectl, workdir, name),
-                            manifests(sha256)[1])
+        heading("Canaries to new ModelVersions, judged against the stable version")
+        demo_canary.run(kubectl, prometheus, NAMESPACE, SERVICE,
+                        lambda name: play_fetch_job(kubectl, workdir, name),
+                        manifests(sha256)[1])
+    except demo_canary.DemoFailed as exc:
+        print(f"demo: {exc} (operator log: {operator.log.name})", file=sys.stderr)
+        return 1
     finally:
         operator.stop()
-        if prometheus is not None:
-            prometheus.stop()
+        prometheus.stop()
     print(f"\nThe cluster stays up: export KUBECONFIG={kubectl.kubeconfig}; "
           f"kubectl get glms -n {NAMESPACE}. Stop it with `make cluster-down`.")
     return 0

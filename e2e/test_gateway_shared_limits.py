@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -146,21 +147,51 @@ def test_two_pools_share_one_request_limit(engine: LlamaServer, keys_dir: Path,
 
 def test_two_pools_share_one_token_budget(engine: LlamaServer, keys_dir: Path,
                                           redis_server: RedisServer, tmp_path: Path) -> None:
-    """Charged by one pool after its answer, refused by the other."""
+    """Charged by one pool after its answer, refused by the other.
+
+    The budget refills while the requests run (a little over one token a second here), so
+    how much it holds at the refusal depends on how fast the machine answers. What does not:
+    the stored balance and the time it was stored (Redis's own clock, which the scripts
+    refill by), and that refills only add. So the checks are exact in those terms: the stored
+    balance holds both charges and no more refill than the time since the first request
+    allows, and Retry-After is what that balance, refilled up to the refusal, gives."""
     status, _, direct = ask_engine(engine)
     cost = direct["usage"]["prompt_tokens"] + direct["usage"]["completion_tokens"]
-    per_minute = cost + cost // 2  # room for one request and a half
+    # Room for one request and two tokens: the second is admitted on what is left (a balance of
+    # one is enough), the third refused until the refill pays the deficit back (a minute).
+    per_minute = cost + 2
+    rate = per_minute / 60
     with ExitStack() as stack:
+        client = stack.enter_context(direct_client(redis_server))
         main, long_context = start_pools(stack, engine, keys_dir, redis_server, tmp_path,
                                          ["--rate-limit-tokens-per-minute", str(per_minute)])
+        started = redis_seconds(client)
         assert ask(main, max_tokens=16)[0] == 200
-        assert ask(long_context, max_tokens=16)[0] == 200  # admitted on the half left
+        assert ask(long_context, max_tokens=16)[0] == 200  # admitted on what is left
         status, headers, body = ask(main, max_tokens=16)
+        refused_by = redis_seconds(client)
         assert status == 429 and body["error"]["type"] == "tokens", body
-        # Balance about -cost/2: Retry-After = (1 + cost/2) / (per_minute / 60), rounded up.
-        rate = per_minute / 60
-        assert (cost // 2 - 2) / rate <= int(headers["Retry-After"]) <= (cost // 2 + 3) / rate
+        stored = client.hmget(bucket_keys(NAMESPACE, SERVICE, key_id(KEY))[0], "v", "t")
+        balance, stored_at = float(stored[0]), float(stored[1])
+        # Both pools' charges in the one bucket (one charge alone leaves two tokens and more).
+        assert per_minute - 2 * cost <= balance <= \
+            per_minute - 2 * cost + rate * (stored_at - started), (balance, cost)
+        # The refusal refilled the stored balance up to its own moment, at most `refused_by`.
+        latest = balance + rate * (refused_by - stored_at)
+        assert retry_after(latest, rate) <= int(headers["Retry-After"]) <= \
+            retry_after(balance, rate)
         assert ask(long_context, OTHER, max_tokens=16)[0] == 200
+
+
+def redis_seconds(client: redis.Redis) -> float:
+    """Redis's clock, the one the bucket scripts refill by."""
+    seconds, microseconds = client.time()
+    return seconds + microseconds / 1e6
+
+
+def retry_after(balance: float, rate: float) -> int:
+    """The admission script's answer for a balance: whole seconds until it is back to one."""
+    return max(1, math.ceil((1 - balance) / rate))
 
 
 def ask_engine(engine: LlamaServer) -> tuple[int, dict[str, str], Any]:
