@@ -22,8 +22,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from glm_operator.gateway.router.app import RouterApp
+from glm_operator.gateway.router.body import prompt_chars
 from glm_operator.gateway.router.config import RouterConfig
-from glm_operator.gateway.router.dispatch import prompt_chars
 from glm_operator.gateway.router.forward import cache_report
 from glm_operator.gateway.router.picker import (
     BODY_PIECE_BYTES,

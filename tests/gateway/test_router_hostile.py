@@ -206,3 +206,38 @@ async def test_a_long_version_pin_is_refused_without_echoing_it_whole(scene: Sce
     assert status == 400 and code_of(answer) == "unknown_version"
     assert len(answer) < 1000
     assert not scene.pods["a"].seen
+
+
+async def test_held_requests_keep_their_bytes_not_their_decoded_json(scene: Scene) -> None:
+    """Bodies of ~3 MiB held while their version wakes: each costs about its bytes, not the
+    decoded JSON (here many small content parts, about ten times the bytes decoded)."""
+    import tracemalloc
+
+    app = await scene.start(picker="none", max_body_bytes=4 * 1024 * 1024)
+    scene.publish_table(table_json({"v1": 100}, wake_timeout=30.0))
+    scene.publish_pods()  # no ready pod: every request is held
+    parts = [{"type": "text", "text": f"p{i}"} for i in range(110_000)]
+    body = json.dumps({"messages": [{"role": "user", "content": parts}]}).encode()
+    del parts
+    assert 2.5 * 2**20 < len(body) < 4 * 2**20
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nAuthorization: Bearer k\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    count = 3
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        writers = []
+        for held in range(1, count + 1):
+            _, writer = await asyncio.open_connection("127.0.0.1", scene.port)
+            writer.write(request)
+            await writer.drain()
+            writers.append(writer)
+            async with asyncio.timeout(30):
+                while app.waiting < held:
+                    await asyncio.sleep(0.02)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    for writer in writers:
+        writer.close()
+    assert grown / count < 1.6 * len(body), (grown / count, len(body))

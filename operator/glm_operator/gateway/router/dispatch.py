@@ -5,7 +5,9 @@ pool (a prompt too long for the main pool goes to the long-context pool), a read
 that version (held while the version wakes from zero), the pod the endpoint picker chooses
 among them (or, when it fails, what the service's failure mode says), then the request is
 relayed to that pod's gateway, streams included, another ready pod taking it where the
-first could not be reached.
+first could not be reached. Of the body only what is routed on is decoded (body.py), and
+the decoded JSON is dropped before the request waits or is relayed: the pod gets the client's
+bytes.
 
 It reads what app.py keeps current from the API server (the route table, the ready pods,
 the wakers and activity Leases) and writes nothing of it back.
@@ -14,12 +16,12 @@ the wakers and activity Leases) and writes nothing of it back.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
 
 from glm_operator.gateway.pools.activity import ActivityMarker
+from glm_operator.gateway.router.body import routed_fields
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.forward import (
     CacheReport,
@@ -31,7 +33,7 @@ from glm_operator.gateway.router.forward import (
 from glm_operator.gateway.router.metrics import RouterMetrics
 from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
 from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
-from glm_operator.gateway.router.prefix import PrefixIndex, prompt_text
+from glm_operator.gateway.router.prefix import PrefixIndex
 from glm_operator.gateway.router.table import RouteTable, VersionRoute, WeightedSplit
 from glm_operator.gateway.router.wake import MainPoolWaker
 from glm_operator.gateway.wire.messages import Request, Response, Streamed, error_response
@@ -41,26 +43,6 @@ log = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-glm-version"
 REFUSED_RETRY_SECONDS = 0.25
-
-
-def prompt_chars(body: dict[str, Any]) -> int:
-    """Characters of prompt text in a chat or completions body (text parts only)."""
-    total = 0
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        total += len(prompt)
-    elif isinstance(prompt, list):
-        total += sum(len(p) for p in prompt if isinstance(p, str))
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                total += len(content)
-            elif isinstance(content, list):
-                total += sum(len(part["text"]) for part in content
-                             if isinstance(part, dict) and isinstance(part.get("text"), str))
-    return total
 
 
 def unavailable(message: str, retry_after: float, code: str = "unavailable") -> Response:
@@ -101,11 +83,8 @@ class Dispatcher:
             return error_response(413, f"Request body is larger than the limit of "
                                   f"{self.config.max_body_bytes} bytes.",
                                   "request_too_large"), ""
-        try:
-            body = json.loads(request.body)
-        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-            body = None
-        if not isinstance(body, dict):
+        fields = routed_fields(request.body)  # the decoded JSON is gone once it returns
+        if fields is None:
             return error_response(400, "The request body must be a JSON object.",
                                   "invalid_json"), ""
         pin = request.headers.get(VERSION_HEADER)
@@ -121,13 +100,12 @@ class Dispatcher:
             chosen = table.version(split.next())
             assert chosen is not None
             version = chosen
-        stream = body.get("stream") is True
         answer_headers = {"X-Glm-Version": version.name}
         pod_headers = identity_headers(request, {})
         pool, route = MAIN_POOL, version
         long_context = table.long_context
         if (long_context is not None and table.main_context_tokens
-                and prompt_chars(body) / self.config.chars_per_token
+                and fields.prompt_chars / self.config.chars_per_token
                 > table.main_context_tokens):
             long_route = long_context.route_for(version)
             if long_route is not None:
@@ -141,8 +119,9 @@ class Dispatcher:
             if isinstance(ready_or_answer, Response):
                 return ready_or_answer, version.name
             ready = ready_or_answer
-        return await self._send(request, route, pool, ready, stream, pod_headers,
-                                answer_headers, held_until, prompt_text(body)), version.name
+        return await self._send(request, route, pool, ready, fields.stream, pod_headers,
+                                answer_headers, held_until, fields.prefix,
+                                fields.text_chars), version.name
 
     async def _wait_for_pods(self, version: VersionRoute, pool: str
                              ) -> tuple[PodEndpoint, ...] | Response:
@@ -176,7 +155,7 @@ class Dispatcher:
     async def _send(self, request: Request, version: VersionRoute, pool: str,
                     ready: tuple[PodEndpoint, ...], stream: bool, pod_headers: bytes,
                     answer_headers: dict[str, str], held_until: float | None = None,
-                    text: str = "") -> Response | Streamed:
+                    text: str = "", text_chars: int = 0) -> Response | Streamed:
         """`held_until`: the request waited for the version's first ready pod, whose gateway
         may not listen yet (Ready is the kubelet's word, a moment ahead of the socket): a
         refused connection is tried again until then, as nothing was sent."""
@@ -191,7 +170,7 @@ class Dispatcher:
         self.metrics.picks.labels(self._service, reason).inc()
         if pool == MAIN_POOL:
             predicted = self.prefixes.predict_and_record(address, text)
-            self.metrics.prompt_chars.labels(self._service, version.name).inc(len(text))
+            self.metrics.prompt_chars.labels(self._service, version.name).inc(text_chars)
             self.metrics.prompt_chars_predicted.labels(self._service, version.name).inc(
                 predicted)
         tried = {address}
