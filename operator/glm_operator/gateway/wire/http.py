@@ -14,7 +14,9 @@ written by the handler straight to the transport (relay.py).
 What a front door must still do, it does, against clients that mean harm too
 (tests/gateway/test_http_hostile.py sends each case's bytes):
 - keep-alive and pipelined requests (answered in order, one handler at a time per connection,
-  at most 8 parsed ahead however many come in one packet);
+  at most 8 parsed ahead however many come in one packet, and the next handler runs only once
+  the client has read what was written to it down to 64 KiB: pipelined requests whose
+  answers nobody reads hold one answer, not all of them);
 - `Expect: 100-continue`; bodies by Content-Length or chunked; HTTP/1.0 clients;
 - a route's head check (`Router.add(..., head_check=)`) answers from the head alone, before a
   body byte is read and before `100 Continue`: the 401 of /v1/*;
@@ -551,6 +553,14 @@ class HttpConnection(asyncio.Protocol):
     async def _answer_queue(self) -> None:
         try:
             while self._queue and not self.transport.is_closing():
+                if self._write_paused or \
+                        self.transport.get_write_buffer_size() > CLIENT_BUFFER_HIGH:
+                    # The client has not read the answers so far: the next handler waits
+                    # until it does, so that pipelined requests nobody reads do not pile
+                    # their answers up here (the write-stall timeout drops a client that
+                    # never reads; reading pauses once MAX_PIPELINED requests wait).
+                    await self.drain()
+                    continue
                 request = self._queue.popleft()
                 if (self._paused_reading and self._reading
                         and len(self._queue) < MAX_PIPELINED // 2):
@@ -565,7 +575,7 @@ class HttpConnection(asyncio.Protocol):
                 if not keep_alive:
                     self._close_after_answer()
                     return
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
             return  # the client went away
         finally:
             self._task = None
