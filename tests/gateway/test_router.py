@@ -601,3 +601,36 @@ def test_the_pods_gateway_never_loads_grpc() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+class RefusingPod(PodGateway):
+    """A pod's gateway that answers whole, with the status its prompt names."""
+
+    async def answer(self, request: Request) -> Response | Streamed:
+        self.seen.append(request)
+        status = int(json.loads(request.body)["messages"][0]["content"])
+        return Response(status, b'{"error": {"message": "no", "type": "x", "param": null, '
+                        b'"code": "x"}}', {"Content-Type": "application/json"})
+
+
+async def test_the_pods_own_status_is_counted_not_200(scene: Scene) -> None:
+    """Whole answers (written from the pod connection's callback) and a stream's refusal
+    are counted by the pod's status code, with the gateway's outcome."""
+    app = await scene.start(picker="none")
+    refusing = RefusingPod("a")
+    await refusing.start()
+    scene.pods["a"] = refusing
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    for code, stream in (("401", False), ("400", False), ("503", False), ("401", True),
+                         ("200", False)):
+        status, _, _ = await chat(scene, stream=stream, content=code)
+        assert status == int(code)
+    assert counter(app, "glm_router_requests_total", version="v1", code="401",
+                   outcome="client_error") == 2
+    assert counter(app, "glm_router_requests_total", version="v1", code="400",
+                   outcome="client_error") == 1
+    assert counter(app, "glm_router_requests_total", version="v1", code="503",
+                   outcome="server_error") == 1
+    assert counter(app, "glm_router_requests_total", version="v1", code="200",
+                   outcome="completed") == 1

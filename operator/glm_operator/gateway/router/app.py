@@ -22,10 +22,12 @@ from typing import Any
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from glm_operator.gateway.policy.audit import CLIENT_CLOSED
+from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker, renew_logged
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.dispatch import Dispatcher, unavailable
-from glm_operator.gateway.router.forward import PodClients
+from glm_operator.gateway.router.forward import Forwarded, PodClients
 from glm_operator.gateway.router.metrics import RouterMetrics
 from glm_operator.gateway.router.picker import EndpointPicker
 from glm_operator.gateway.router.pods import PoolKey, ReadyPods
@@ -247,19 +249,27 @@ class RouterApp:
             return unavailable(f"the pod {ready[0].address}: {exc}", 1)
 
     async def _completion(self, request: Request) -> Response | Streamed:
-        answer: Response | Streamed
         version_name = ""
         try:
-            answer, version_name = await self._route(request)
+            routed, version_name = await self._route(request)
         except asyncio.CancelledError:
-            self.metrics.requests.labels(self._service, version_name or "-", "499").inc()
+            self._count(version_name, CLIENT_CLOSED, None, False)
             raise
-        code = answer.status if isinstance(answer, Response) else 200
-        self.metrics.requests.labels(self._service, version_name or "-", str(code)).inc()
-        return answer
+        self._count(version_name, routed.status, routed.error_code,
+                    isinstance(routed.answer, Streamed))
+        return routed.answer
 
-    async def _route(self, request: Request) -> tuple[Response | Streamed, str]:
+    def _count(self, version: str, status: int, error_code: str | None, started: bool
+               ) -> None:
+        """One answer in glm_router_requests_total: its real status code (the pod's, the
+        router's, 499 for a client gone) and how it ended, in the gateway's words
+        (policy/outcomes.py)."""
+        self.metrics.requests.labels(self._service, version or "-", str(status),
+                                     request_outcome(status, error_code, started)).inc()
+
+    async def _route(self, request: Request) -> tuple[Forwarded, str]:
         if self.draining:
-            return error_response(503, *SHUTTING_DOWN, "server_error",
-                                  {"Retry-After": "1", "Connection": "close"}), ""
+            return Forwarded.own(error_response(
+                503, *SHUTTING_DOWN, "server_error",
+                {"Retry-After": "1", "Connection": "close"})), ""
         return await self.dispatch.route(request, self.table, self._split, self.table_error)

@@ -25,6 +25,7 @@ from glm_operator.gateway.router.body import routed_fields
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.forward import (
     CacheReport,
+    Forwarded,
     PodClients,
     PodUnreachable,
     forward,
@@ -36,7 +37,7 @@ from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
 from glm_operator.gateway.router.prefix import PrefixIndex
 from glm_operator.gateway.router.table import RouteTable, VersionRoute, WeightedSplit
 from glm_operator.gateway.router.wake import MainPoolWaker
-from glm_operator.gateway.wire.messages import Request, Response, Streamed, error_response
+from glm_operator.gateway.wire.messages import Request, Response, error_response
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,15 @@ class Dispatcher:
         self._service = config.service_name
 
     async def route(self, request: Request, table: RouteTable | None,
-                    split: WeightedSplit | None, table_error: str
-                    ) -> tuple[Response | Streamed, str]:
-        """The answer, and the version's name ("" before one is chosen)."""
+                    split: WeightedSplit | None, table_error: str) -> tuple[Forwarded, str]:
+        """The answer and how it ended, and the version's name ("" before one is
+        chosen)."""
+        answer, version = await self._route(request, table, split, table_error)
+        return (Forwarded.own(answer) if isinstance(answer, Response) else answer), version
+
+    async def _route(self, request: Request, table: RouteTable | None,
+                     split: WeightedSplit | None, table_error: str
+                     ) -> tuple[Response | Forwarded, str]:
         if table is None or split is None:
             return unavailable(f"the router has no route table yet "
                                f"({table_error or 'not read'})", 1), ""
@@ -155,7 +162,7 @@ class Dispatcher:
     async def _send(self, request: Request, version: VersionRoute, pool: str,
                     ready: tuple[PodEndpoint, ...], stream: bool, pod_headers: bytes,
                     answer_headers: dict[str, str], held_until: float | None = None,
-                    text: str = "", text_chars: int = 0) -> Response | Streamed:
+                    text: str = "", text_chars: int = 0) -> Response | Forwarded:
         """`held_until`: the request waited for the version's first ready pod, whose gateway
         may not listen yet (Ready is the kubelet's word, a moment ahead of the socket): a
         refused connection is tried again until then, as nothing was sent."""
@@ -196,7 +203,7 @@ class Dispatcher:
 
     async def _forward_counted(self, request: Request, address: str, version: VersionRoute,
                                pool: str, stream: bool, pod_headers: bytes,
-                               answer_headers: dict[str, str]) -> Response | Streamed:
+                               answer_headers: dict[str, str]) -> Forwarded:
         """Forward, counting the request in the pod's load and the version's activity."""
         marker = self._activity.get(version.name) if pool == MAIN_POOL else None
         self._in_flight[address] = self._in_flight.get(address, 0) + 1

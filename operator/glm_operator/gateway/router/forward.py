@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from glm_operator.gateway.policy.audit import CLIENT_CLOSED
 from glm_operator.gateway.upstream import SSE
 from glm_operator.gateway.wire.engine import (
     EngineAddress,
@@ -108,6 +109,22 @@ def _passed(head: EngineHead, extra: dict[str, str]) -> dict[str, str]:
     return headers
 
 
+@dataclass(slots=True)
+class Forwarded:
+    """An answer and how it ended, for the router's metrics: the pod's own status (its 401,
+    400 or 503 included, also where the answer was written from the connection's callback),
+    or the router's; 499 for a client gone mid-stream; `error_code` where a relayed stream
+    broke off (policy/outcomes.py)."""
+
+    answer: Response | Streamed
+    status: int
+    error_code: str | None = None
+
+    @classmethod
+    def own(cls, answer: Response) -> Forwarded:
+        return cls(answer, answer.status)
+
+
 class PodUnreachable(Exception):
     """No connection to the pod: nothing was sent, so another pod may take the request."""
 
@@ -115,7 +132,7 @@ class PodUnreachable(Exception):
 async def forward(request: Request, clients: PodClients, address: str, body: bytes,
                   stream: bool, pod_headers: bytes, answer_headers: dict[str, str],
                   on_cache: Callable[[CacheReport], None], read_timeout: float
-                  ) -> Response | Streamed:
+                  ) -> Forwarded:
     pool, connector = clients.of(address)
     where = f"the pod {address}"
     try:
@@ -134,29 +151,32 @@ async def forward(request: Request, clients: PodClients, address: str, body: byt
         report = cache_report(answer[-TAIL_BYTES:]) if head.status == 200 else None
         if report is not None:
             on_cache(report)
-        return written or Response(head.status, answer, _passed(head, answer_headers))
+        return Forwarded(written or Response(head.status, answer,
+                                             _passed(head, answer_headers)), head.status)
     except EngineTimeout:
-        return error_response(504, f"{where} sent nothing for {read_timeout:g} s",
-                              "upstream_timeout", "server_error")
+        return Forwarded.own(error_response(504, f"{where} sent nothing for {read_timeout:g} s",
+                                            "upstream_timeout", "server_error"))
     except EngineDropped as exc:
-        return error_response(502, f"{where} closed the connection: {exc}. The request was "
-                              "not sent again, since the pod may have run it.",
-                              "upstream_dropped", "server_error")
+        return Forwarded.own(error_response(
+            502, f"{where} closed the connection: {exc}. The request was not sent again, "
+            "since the pod may have run it.", "upstream_dropped", "server_error"))
     except EngineProtocolError as exc:
-        return error_response(502, f"{where}: {exc}", "upstream_protocol", "server_error")
+        return Forwarded.own(error_response(502, f"{where}: {exc}", "upstream_protocol",
+                                            "server_error"))
     except OSError as exc:  # refused, unreachable, or closed before the write
         raise PodUnreachable(f"{where}: {exc or type(exc).__name__}") from None
 
 
 async def _stream(request: Request, connector: EngineConnector, body: bytes,
                   pod_headers: bytes, answer_headers: dict[str, str],
-                  on_cache: Callable[[CacheReport], None]) -> Response | Streamed:
+                  on_cache: Callable[[CacheReport], None]) -> Forwarded:
     exchange = await connector.open(request.path, body, pod_headers)
     try:
         head = await exchange.head
         if not (head.status == 200 and head.content_type.startswith(SSE)):
             answer = await exchange.read_body()
-            return Response(head.status, answer, _passed(head, answer_headers))
+            return Forwarded(Response(head.status, answer, _passed(head, answer_headers)),
+                             head.status)
         transport = request.transport
         transport.write(head_bytes(200, {
             "Content-Type": head.content_type, "Cache-Control": "no-cache",
@@ -173,16 +193,16 @@ async def _stream(request: Request, connector: EngineConnector, body: bytes,
             exchange.relay(transport, keep_tail, request.drain)
             await exchange.done
         except ClientGone:
-            return Streamed(complete=False)
+            return Forwarded(Streamed(complete=False), CLIENT_CLOSED)
         except (OSError, EngineTimeout, EngineProtocolError):
             # the pod's gateway ends its own streams with an error event; this is the
             # connection itself breaking: end the client's stream where the framing allows
             if not exchange.end_stream_cleanly():
                 transport.close()
-            return Streamed(complete=False)
+            return Forwarded(Streamed(complete=False), 200)
         report = cache_report(bytes(tail))
         if report is not None:
             on_cache(report)
-        return Streamed(complete=True)
+        return Forwarded(Streamed(complete=True), 200)
     finally:
         exchange.abort()

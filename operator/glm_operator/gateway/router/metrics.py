@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-REQUESTS_TOTAL = "glm_router_requests_total"  # labels version, code
+# labels version, code (the answer's real status; 499: the client left) and outcome (how it
+# ended, the gateway's REQUEST_OUTCOMES: a stream the pod broke off went out as 200)
+REQUESTS_TOTAL = "glm_router_requests_total"
 PICKS_TOTAL = "glm_router_picks_total"  # label reason (PICK_REASONS)
 PICKER_FAILURES_TOTAL = "glm_router_picker_failures_total"  # label reason
 PICK_DURATION = "glm_router_pick_duration_seconds"  # histogram: the picker's answer
@@ -50,8 +52,9 @@ class RouterMetrics:
 
         metrics = cls(
             registry=registry,
-            requests=counter(REQUESTS_TOTAL, "Requests answered, by version and status",
-                             "version", "code"),
+            requests=counter(REQUESTS_TOTAL,
+                             "Requests answered, by version, status and how they ended",
+                             "version", "code", "outcome"),
             picks=counter(PICKS_TOTAL, "How each request's pod was chosen", "reason"),
             picker_failures=counter(PICKER_FAILURES_TOTAL,
                                     "Picker calls that gave no pod, by why", "reason"),
