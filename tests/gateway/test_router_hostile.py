@@ -241,3 +241,71 @@ async def test_held_requests_keep_their_bytes_not_their_decoded_json(scene: Scen
     for writer in writers:
         writer.close()
     assert grown / count < 1.6 * len(body), (grown / count, len(body))
+
+
+class BreakingPod(PodGateway):
+    """A pod whose stream breaks off: one whole event, then (with `mid_chunk`) half a chunk,
+    then the connection drops without the last chunk."""
+
+    def __init__(self, name: str, mid_chunk: bool) -> None:
+        super().__init__(name)
+        self.mid_chunk = mid_chunk
+
+    async def answer(self, request: Request) -> Response | Streamed:
+        self.seen.append(request)
+        transport = request.transport
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+        data = b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n'
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        if self.mid_chunk:
+            transport.write(b"%x\r\n%b" % (len(data), data[:10]))
+        await asyncio.sleep(0.05)
+        transport.abort()
+        return Streamed(complete=False)
+
+
+async def read_to_end(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    try:
+        async with asyncio.timeout(10):
+            return await reader.read(-1)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("mid_chunk", [False, True])
+async def test_a_stream_the_pod_breaks_off_ends_with_an_error_event(scene: Scene,
+                                                                    mid_chunk: bool) -> None:
+    """Not a clean end the client takes for a whole answer: an OpenAI-style error event as
+    the last chunk where the framing allows it, else the connection dropped without the last
+    chunk; counted as the gateway counts its engine's broken streams (200, engine_broken)."""
+    app = await scene.start(picker="none", max_body_bytes=LIMIT)
+    pod = BreakingPod("a", mid_chunk)
+    await pod.start()
+    scene.pods["a"] = pod
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    answer = await read_to_end(scene.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                               b"Content-Length: %d\r\n\r\n%b" % (len(body), body.encode()))
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert b'"content": "hi"' in answer
+    if mid_chunk:  # no way to end the chunked body cleanly: it is cut
+        assert not answer.endswith(b"0\r\n\r\n") and b'"error"' not in answer
+    else:
+        _, _, chunks = answer.partition(b"\r\n\r\n")
+        events = []
+        while chunks:
+            size, _, rest = chunks.partition(b"\r\n")
+            events.append(rest[:int(size, 16)])
+            chunks = rest[int(size, 16) + 2:]
+        assert events[-1] == b""  # the last chunk
+        error = json.loads(events[-2].removeprefix(b"data: "))["error"]
+        assert error["code"] == "engine_stream_broken" and error["type"] == "server_error"
+        assert b"[DONE]" not in answer
+    sample = app.metrics.registry.get_sample_value(
+        "glm_router_requests_total",
+        {"service": "svc", "version": "v1", "code": "200", "outcome": "engine_broken"})
+    assert sample == 1

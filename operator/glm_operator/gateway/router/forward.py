@@ -5,6 +5,9 @@ kept-alive connections, written to the client from the connection's callback the
 are parsed; streams relayed at the transport level, chunk framing and all. One pair of them
 per pod address, dropped when the pod leaves. A request is written to a pod once, as in the
 gateway: a connection that closes after the write is a 502, since the pod may have run it.
+A stream the pod breaks off (its connection cut or silent mid-stream) ends as the gateway ends
+its engine's: an OpenAI-style error event as the last chunk where the framing allows, else
+the client's connection dropped; never a clean end the client takes for a whole answer.
 
 The client's identity goes along (Authorization, X-Request-Id): keys, limits and audit are the
 pods' gateways' business. What the engine reports of its prompt cache (llama.cpp's
@@ -14,11 +17,14 @@ pods' gateways' business. What the engine reports of its prompt cache (llama.cpp
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from glm_operator.gateway.openai.sse import error_event
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED
+from glm_operator.gateway.policy.outcomes import STREAM_BROKEN, STREAM_TIMED_OUT
 from glm_operator.gateway.upstream import SSE
 from glm_operator.gateway.wire.engine import (
     EngineAddress,
@@ -30,6 +36,8 @@ from glm_operator.gateway.wire.engine_pool import EnginePool
 from glm_operator.gateway.wire.framing import EngineProtocolError, head_bytes
 from glm_operator.gateway.wire.messages import Request, Response, Streamed, error_response
 from glm_operator.gateway.wire.relay import ClientGone, EngineConnector
+
+log = logging.getLogger(__name__)
 
 # Headers of the pod's answer that the client gets too.
 PASSED_HEADERS = ("content-type", "retry-after", "www-authenticate", "x-request-id")
@@ -137,8 +145,8 @@ async def forward(request: Request, clients: PodClients, address: str, body: byt
     where = f"the pod {address}"
     try:
         if stream and request.http11:
-            return await _stream(request, connector, body, pod_headers, answer_headers,
-                                 on_cache)
+            return await _stream(request, connector, address, body, pod_headers,
+                                 answer_headers, on_cache, read_timeout)
         written: Streamed | None = None
 
         def write_now(head: EngineHead, answer: bytes) -> None:
@@ -167,9 +175,21 @@ async def forward(request: Request, clients: PodClients, address: str, body: byt
         raise PodUnreachable(f"{where}: {exc or type(exc).__name__}") from None
 
 
-async def _stream(request: Request, connector: EngineConnector, body: bytes,
+def broken_stream_event(timed_out: bool, read_timeout: float) -> tuple[str, bytes]:
+    """The error code and the OpenAI-style error event (openai/sse.py) that end a stream
+    the pod broke off, in the gateway's words for its engine's."""
+    if timed_out:
+        return STREAM_TIMED_OUT, error_event(
+            f"The pod sent nothing for {read_timeout:g} s; the answer is incomplete.",
+            STREAM_TIMED_OUT)
+    return STREAM_BROKEN, error_event("The pod broke off the stream; the answer is "
+                                      "incomplete.", STREAM_BROKEN)
+
+
+async def _stream(request: Request, connector: EngineConnector, address: str, body: bytes,
                   pod_headers: bytes, answer_headers: dict[str, str],
-                  on_cache: Callable[[CacheReport], None]) -> Forwarded:
+                  on_cache: Callable[[CacheReport], None], read_timeout: float
+                  ) -> Forwarded:
     exchange = await connector.open(request.path, body, pod_headers)
     try:
         head = await exchange.head
@@ -194,12 +214,16 @@ async def _stream(request: Request, connector: EngineConnector, body: bytes,
             await exchange.done
         except ClientGone:
             return Forwarded(Streamed(complete=False), CLIENT_CLOSED)
-        except (OSError, EngineTimeout, EngineProtocolError):
-            # the pod's gateway ends its own streams with an error event; this is the
-            # connection itself breaking: end the client's stream where the framing allows
-            if not exchange.end_stream_cleanly():
+        except (OSError, EngineTimeout, EngineProtocolError) as exc:
+            # The pod's gateway ends its own streams with an error event; this is the
+            # connection itself breaking (cut, or silent past the read timeout). As the
+            # gateway does for its engine: an error event as the last chunk where the framing
+            # allows, else the client's connection dropped; never a clean end.
+            log.warning("the pod %s broke off a stream: %s", address, exc)
+            code, event = broken_stream_event(isinstance(exc, EngineTimeout), read_timeout)
+            if not exchange.end_stream_cleanly(event):
                 transport.close()
-            return Forwarded(Streamed(complete=False), 200)
+            return Forwarded(Streamed(complete=False), 200, code)
         report = cache_report(bytes(tail))
         if report is not None:
             on_cache(report)
