@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import socket
+import tracemalloc
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -48,6 +49,8 @@ class Scene:
         self.cancelled = asyncio.Event()
         self.checked = 0
         self.calls = 0  # of /64k
+        self.traced = (0, 0)  # tracemalloc's current and peak when /hold ran
+        self.held = asyncio.Event()
 
     def router(self) -> Router:
         router = Router(self.echo)
@@ -59,6 +62,7 @@ class Scene:
         router.add("GET", "/big", self.big)
         router.add("GET", "/drip", self.drip)
         router.add("GET", "/64k", self.sixty_four_k)
+        router.add("POST", "/hold", self.hold)
         return router
 
     def need_key(self, request: Request) -> Response | None:
@@ -100,6 +104,13 @@ class Scene:
         """A cheap answer of 64 KiB (as /metrics, or /metrics/engine fetched anew)."""
         self.calls += 1
         return Response(200, b"m" * 65536)
+
+    async def hold(self, request: Request) -> Response | Streamed:
+        """Keeps the request (and its body), says what memory is traced now."""
+        self.traced = tracemalloc.get_traced_memory()
+        self.seen.append(request)
+        self.held.set()
+        return Response(200, b"%d" % len(request.body))
 
     async def drip(self, request: Request) -> Response | Streamed:
         """Writes chunks for ever, waiting on drain() between them (as a stream does)."""
@@ -364,6 +375,35 @@ async def test_a_refused_4_mb_body_is_never_buffered(make_server: Make) -> None:
     assert peak < len(head)  # the head's fields at most, never a byte of the body
     await until(lambda: not server.connections)
     assert server.buffered_bytes == 0
+
+
+async def test_a_body_in_2_byte_chunks_costs_about_its_bytes_in_memory(make_server: Make
+                                                                        ) -> None:
+    """1 MiB of body in 2-byte chunks: kept as one growing buffer, it costs about its bytes
+    (the bytearray, then the request's copy of it), not 28 bytes of memory per byte as a list
+    of pieces did; --max-buffered-bytes counts what a body costs."""
+    payload = 1 << 20
+    scene, _, port = await make_server(max_body_bytes=2 * payload)
+    reader, writer = await connect(port)
+    writer.write(b"POST /hold HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    await writer.drain()
+    piece = b"2\r\nab\r\n" * 8192  # 16 KiB of payload in 57 KiB
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(payload // 16384):
+            writer.write(piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await asyncio.wait_for(scene.held.wait(), 60)
+    finally:
+        tracemalloc.stop()
+    current, peak = scene.traced
+    assert current - base < 1.5 * payload  # the request's body, held by the handler
+    assert peak - base < 2.5 * payload
+    assert (await asyncio.wait_for(read_response(reader), 10))[::2] == (200, b"%d" % payload)
+    assert scene.seen[0].body == b"ab" * (payload // 2)
+    writer.close()
 
 
 # --- 3. caps and slow clients -----------------------------------------------------------------
