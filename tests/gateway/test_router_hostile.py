@@ -309,3 +309,89 @@ async def test_a_stream_the_pod_breaks_off_ends_with_an_error_event(scene: Scene
         "glm_router_requests_total",
         {"service": "svc", "version": "v1", "code": "200", "outcome": "engine_broken"})
     assert sample == 1
+
+
+class HeldStreamPod(PodGateway):
+    """A pod whose stream sends one event, waits for `release`, then `pieces` events of
+    `data` and its end."""
+
+    def __init__(self, name: str, data: bytes, pieces: int) -> None:
+        super().__init__(name)
+        self.release = asyncio.Event()
+        self.ended = False
+        self.event = b"data: " + data + b"\n\n"
+        self.pieces = pieces
+
+    async def answer(self, request: Request) -> Response | Streamed:
+        self.seen.append(request)
+        transport = request.transport
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+        first = b'data: {"first": 1}\n\n'
+        transport.write(b"%x\r\n%b\r\n" % (len(first), first))
+        await self.release.wait()
+        for _ in range(self.pieces):
+            transport.write(b"%x\r\n%b\r\n" % (len(self.event), self.event))
+            await request.drain()
+        transport.write(b"0\r\n\r\n")
+        self.ended = True
+        return Streamed(complete=True)
+
+
+async def test_an_http10_stream_is_relayed_as_it_arrives_unframed(scene: Scene) -> None:
+    """HTTP/1.0 has no chunked framing: the events go out as they arrive and the connection
+    closes at the end. The first event reaches the client while the pod's stream is still
+    running, and the router never holds the stream (8 MiB here) whole."""
+    import tracemalloc
+
+    await scene.start(picker="none", max_body_bytes=LIMIT)
+    pieces, data = 64, b"s" * (128 * 1024)
+    pod = HeldStreamPod("a", data, pieces)
+    await pod.start()
+    scene.pods["a"] = pod
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reader, writer = await asyncio.open_connection("127.0.0.1", scene.port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.0\r\nHost: r\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body.encode()))
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+            assert await reader.readuntil(b"\n\n") == b'data: {"first": 1}\n\n'
+        assert not pod.ended  # the pod's stream still runs
+        pod.release.set()
+        received = 0
+        async with asyncio.timeout(30):
+            while piece := await reader.read(65536):
+                received += len(piece)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    writer.close()
+    assert pod.ended and received == pieces * len(pod.event)  # no framing, ended by the close
+    assert peak < pieces * len(pod.event) / 4, peak
+
+
+async def test_an_http10_stream_the_pod_breaks_off_ends_with_an_error_event(
+        scene: Scene) -> None:
+    app = await scene.start(picker="none", max_body_bytes=LIMIT)
+    pod = BreakingPod("a", mid_chunk=True)
+    await pod.start()
+    scene.pods["a"] = pod
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True})
+    answer = await read_to_end(scene.port, b"POST /v1/chat/completions HTTP/1.0\r\nHost: r\r\n"
+                               b"Content-Length: %d\r\n\r\n%b" % (len(body), body.encode()))
+    _, _, events = answer.partition(b"\r\n\r\n")
+    first, cut, error, rest = events.split(b"\n\n")  # the half event ended, then the error
+    assert b'"content": "hi"' in first and cut == b'data: {"ch' and rest == b""
+    assert json.loads(error.removeprefix(b"data: "))["error"]["code"] == "engine_stream_broken"
+    sample = app.metrics.registry.get_sample_value(
+        "glm_router_requests_total",
+        {"service": "svc", "version": "v1", "code": "200", "outcome": "engine_broken"})
+    assert sample == 1

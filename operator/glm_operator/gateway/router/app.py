@@ -120,6 +120,7 @@ class RouterApp:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.clients.close()
+        await self.dispatch.close()
         if self.dispatch.picker is not None:
             await self.dispatch.picker.close()
         if self._session is not None:

@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Any
 
+import aiohttp
+
 from glm_operator.gateway.pools.activity import ActivityMarker
 from glm_operator.gateway.router.body import routed_fields
 from glm_operator.gateway.router.config import RouterConfig
@@ -36,6 +38,7 @@ from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
 from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
 from glm_operator.gateway.router.prefix import PrefixIndex
 from glm_operator.gateway.router.table import RouteTable, VersionRoute, WeightedSplit
+from glm_operator.gateway.router.unframed import stream_unframed
 from glm_operator.gateway.router.wake import MainPoolWaker
 from glm_operator.gateway.wire.messages import Request, Response, error_response
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL
@@ -67,6 +70,9 @@ class Dispatcher:
         self.picker: EndpointPicker | None = None  # made by the app's start: grpc.aio binds
         # a channel to the loop running when it is made
         self.waiting = 0
+        # HTTP/1.0 clients' streams (unframed.py), made on the first: its own connections,
+        # so that such clients never take the API server's watches' share of a pool
+        self._unframed: aiohttp.ClientSession | None = None
         self._wakers = wakers
         self._activity = activity
         self._in_flight: dict[str, int] = {}
@@ -210,6 +216,14 @@ class Dispatcher:
         if marker is not None:
             marker.begin()
         try:
+            if stream and not request.http11:
+                if self._unframed is None:
+                    self._unframed = aiohttp.ClientSession(
+                        connector=aiohttp.TCPConnector(limit=0, force_close=True))
+                return await stream_unframed(request, self._unframed, address,
+                                             answer_headers, self._cache(version),
+                                             self.config.connect_timeout_seconds,
+                                             self.config.read_timeout_seconds)
             return await forward(request, self.clients, address, request.body, stream,
                                  pod_headers, answer_headers, self._cache(version),
                                  self.config.read_timeout_seconds)
@@ -221,6 +235,10 @@ class Dispatcher:
                 del self._in_flight[address]
             if marker is not None:
                 marker.end()
+
+    async def close(self) -> None:
+        if self._unframed is not None:
+            await self._unframed.close()
 
     async def _choose(self, request: Request, ready: tuple[PodEndpoint, ...]
                       ) -> tuple[str | None, str]:
