@@ -320,7 +320,8 @@ async def scene(tmp_path: Path) -> AsyncIterator[Scene]:
 async def chat(scene: Scene, *, stream: bool = False, headers: dict[str, str] | None = None,
                content: str = "hi") -> tuple[int, dict[str, str], bytes]:
     async with aiohttp.ClientSession() as session, session.post(
-        scene.url + "/v1/chat/completions", headers=headers or {},
+        scene.url + "/v1/chat/completions",
+        headers={"authorization": "Bearer k", **(headers or {})},
         json={"messages": [{"role": "user", "content": content}], "stream": stream},
     ) as answer:
         return answer.status, dict(answer.headers), await answer.read()
@@ -634,3 +635,65 @@ async def test_the_pods_own_status_is_counted_not_200(scene: Scene) -> None:
                    outcome="server_error") == 1
     assert counter(app, "glm_router_requests_total", version="v1", code="200",
                    outcome="completed") == 1
+
+
+class Marks:
+    """Stands in for a version's activity Lease: counts what would renew it."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+
+    def begin(self) -> None:
+        self.begun += 1
+
+    def end(self) -> None:
+        pass
+
+
+async def test_a_request_without_a_key_wakes_nothing(scene: Scene) -> None:
+    """A sleeping version, and the long-context pool, are woken only by a request that names
+    a key: one without is a 401 at once, nothing held and no wake started. The control: the
+    same request with a key is held while the version wakes."""
+    app = await scene.start(picker="none")
+    table = json.loads(table_json({"v1": 100}, min_replicas=0, context=100,
+                                  long_context=True, wake_timeout=5.0))
+    scene.publish_table(json.dumps(table))
+    scene.publish_pods()
+    main_waker, long_waker = app._wakers["main", "v1"], app._wakers["long-context", "v1"]
+    for headers, content in (({"authorization": ""}, "x"), ({"authorization": "Basic a"}, "x"),
+                             ({"authorization": "Bearer "}, "x"),
+                             ({"authorization": ""}, "x" * 401),
+                             ({"authorization": "", "x-glm-version": "v1"}, "x")):
+        status, answer_headers, body = await chat(scene, headers=headers, content=content)
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+        assert answer_headers["WWW-Authenticate"].startswith("Bearer")
+        assert {k.lower() for k in answer_headers} >= {"x-request-id"}
+    assert main_waker._task is None and long_waker._task is None and app.waiting == 0
+    assert counter(app, "glm_router_requests_total", version="v1", code="401",
+                   outcome="client_error") == 5
+    held = asyncio.create_task(chat(scene))  # with a key: held, and the wake starts
+    async with asyncio.timeout(5):
+        while app.waiting < 1:
+            await asyncio.sleep(0.01)
+    assert main_waker._task is not None
+    held.cancel()
+
+
+async def test_a_request_without_a_key_renews_no_lease_unless_served(scene: Scene) -> None:
+    """A keyless request a pod refuses keeps nothing awake; one a pod serves (an Open
+    service) counts as activity, as every request with a key does."""
+    await scene.start(picker="none")
+    refusing = RefusingPod("a")
+    await refusing.start()
+    scene.pods["a"] = refusing
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    assert scene.app is not None
+    marks = Marks()
+    scene.app._activity["v1"] = marks  # type: ignore[assignment]
+    status, _, _ = await chat(scene, headers={"authorization": ""}, content="401")
+    assert status == 401 and marks.begun == 0
+    status, _, _ = await chat(scene, headers={"authorization": ""}, content="200")
+    assert status == 200 and marks.begun == 1
+    status, _, _ = await chat(scene, content="401")  # with a key: counted as it starts
+    assert marks.begun == 2

@@ -9,6 +9,17 @@ first could not be reached. Of the body only what is routed on is decoded (body.
 the decoded JSON is dropped before the request waits or is relayed: the pod gets the client's
 bytes.
 
+Keys before a wake. The router holds no API keys (the pods' gateways check them: the keys
+Secret is mounted there, and the router's Role and volumes do not reach it), yet a wake puts a
+GPU to work for minutes and a renewed activity Lease keeps it there. So a request without an
+`Authorization: Bearer <key>` header may not cause either: where its version's pool has no
+ready pod it is answered 401 (OpenAI's error shape, as a pod's gateway would answer it) before
+any wake, and where a pod answers it the activity Lease counts it only once the pod's answer
+is not an error (the pod's 401 keeps nothing awake; a service with `access: Open` serves
+keyless requests, and those count). A wrong key in the Bearer form still wakes: only the pods
+can tell it from a good one (a key check in the router needs the keys Secret mounted there).
+The OpenAI SDKs always send the header, so an Open service's SDK clients wake it as before.
+
 It reads what app.py keeps current from the API server (the route table, the ready pods,
 the wakers and activity Leases) and writes nothing of it back.
 """
@@ -22,7 +33,10 @@ from typing import Any
 
 import aiohttp
 
+from glm_operator.gateway.openai.errors import unauthorized
 from glm_operator.gateway.pools.activity import ActivityMarker
+from glm_operator.gateway.proxy import client_request_id
+from glm_operator.gateway.proxy import error_response as error_response_for
 from glm_operator.gateway.router.body import routed_fields
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.forward import (
@@ -47,6 +61,13 @@ log = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-glm-version"
 REFUSED_RETRY_SECONDS = 0.25
+
+
+def has_bearer(request: Request) -> bool:
+    """The request names a key in the Bearer form (whether it is a good one, only the
+    pods' gateways can tell)."""
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(key.strip())
 
 
 def unavailable(message: str, retry_after: float, code: str = "unavailable") -> Response:
@@ -126,6 +147,11 @@ class Dispatcher:
                 answer_headers["X-Glm-Pool"] = LONG_CONTEXT_POOL
         ready = self.pods.of(route.pod_label, pool)
         held_until = None
+        if not ready and not has_bearer(request):
+            return error_response_for(unauthorized(
+                f"Missing API key: send it as 'Authorization: Bearer <key>'. Version "
+                f"{version.name} has no ready pod in its {pool} pool, and only a request "
+                "with a key may wake it."), client_request_id(request.headers)), version.name
         if not ready:
             held_until = asyncio.get_running_loop().time() + route.wake_timeout_seconds
             ready_or_answer = await self._wait_for_pods(route, pool)
@@ -210,30 +236,38 @@ class Dispatcher:
     async def _forward_counted(self, request: Request, address: str, version: VersionRoute,
                                pool: str, stream: bool, pod_headers: bytes,
                                answer_headers: dict[str, str]) -> Forwarded:
-        """Forward, counting the request in the pod's load and the version's activity."""
+        """Forward, counting the request in the pod's load and the version's activity (a
+        request without a key: only once the pod's answer is not an error)."""
         marker = self._activity.get(version.name) if pool == MAIN_POOL else None
+        keyed = has_bearer(request)
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
-        if marker is not None:
+        forwarded: Forwarded | None = None
+        if marker is not None and keyed:
             marker.begin()
         try:
             if stream and not request.http11:
                 if self._unframed is None:
                     self._unframed = aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=0, force_close=True))
-                return await stream_unframed(request, self._unframed, address,
-                                             answer_headers, self._cache(version),
-                                             self.config.connect_timeout_seconds,
-                                             self.config.read_timeout_seconds)
-            return await forward(request, self.clients, address, request.body, stream,
-                                 pod_headers, answer_headers, self._cache(version),
-                                 self.config.read_timeout_seconds)
+                forwarded = await stream_unframed(request, self._unframed, address,
+                                                  answer_headers, self._cache(version),
+                                                  self.config.connect_timeout_seconds,
+                                                  self.config.read_timeout_seconds)
+                return forwarded
+            forwarded = await forward(request, self.clients, address, request.body, stream,
+                                      pod_headers, answer_headers, self._cache(version),
+                                      self.config.read_timeout_seconds)
+            return forwarded
         finally:
             left = self._in_flight[address] - 1
             if left > 0:
                 self._in_flight[address] = left
             else:
                 del self._in_flight[address]
-            if marker is not None:
+            if marker is not None and keyed:
+                marker.end()
+            elif marker is not None and forwarded is not None and forwarded.status < 400:
+                marker.begin()  # served without a key (an Open service): activity once
                 marker.end()
 
     async def close(self) -> None:
