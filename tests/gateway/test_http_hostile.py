@@ -435,18 +435,20 @@ async def test_one_connection_over_the_cap_is_answered_503_and_closed(make_serve
 async def test_bodies_past_the_buffered_bytes_cap_are_503_unread_and_the_count_comes_back(
         make_server: Make) -> None:
     scene, server, port = await make_server(max_buffered_bytes=10_000)
-    # One request holds 8,000 bytes of body (counted as announced) and more of its head.
+    # One request holds 7,000 bytes of its body (counted as they come) and some of its head.
     reader, writer = await connect(port)
     writer.write(b"POST /first HTTP/1.1\r\nHost: x\r\nContent-Length: 8000\r\n\r\n"
-                 + b"a" * 4000)
-    await until(lambda: server.buffered_bytes >= 8000)
+                 + b"a" * 7000)
+    await until(lambda: server.buffered_bytes >= 7000)
+    # A body announced past what is left is refused on its head; one that comes in pieces
+    # is refused at the piece that would pass the cap (never held).
     for second in (b"POST /second HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n",
                    b"POST /second HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                    + b"%x\r\n%b\r\n" % (2500, b"c" * 2500) * 2):
         status, headers, body = (await answer(port, second))[0]
         assert (status, headers["connection"], headers["retry-after"]) == (503, "close", "1")
         assert error_of(body)["code"] == "server_busy"
-    writer.write(b"a" * 4000)
+    writer.write(b"a" * 1000)
     status, _, body = await asyncio.wait_for(read_response(reader), 5)
     assert (status, len(body)) == (200, 8000)
     await until(lambda: server.buffered_bytes == 0)  # answered: given back
@@ -455,15 +457,17 @@ async def test_bodies_past_the_buffered_bytes_cap_are_503_unread_and_the_count_c
                                        b"\r\nContent-Length: 5000\r\n\r\n" + b"t" * 5000))[0]
     assert status == 200
     # A client that leaves mid-body gives its bytes back too.
-    writer.write(b"POST /gone HTTP/1.1\r\nHost: x\r\nContent-Length: 9000\r\n\r\nabc")
-    await until(lambda: server.buffered_bytes >= 9000)
+    writer.write(b"POST /gone HTTP/1.1\r\nHost: x\r\nContent-Length: 9000\r\n\r\n"
+                 + b"g" * 6000)
+    await until(lambda: server.buffered_bytes >= 6000)
     writer.close()
     await until(lambda: server.buffered_bytes == 0)
 
 
 @pytest.mark.parametrize("sent, message", [
     (b"GET /x HTTP/1.1\r\nHost: x\r\nX-Slow: ", "head was not complete"),
-    (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", "body sent nothing"),
+    # Stalled, or too slow: whichever the connection's timer sees first.
+    (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", "request body"),
 ], ids=["head", "body"])
 async def test_slowloris_gets_408(make_server: Make, sent: bytes, message: str) -> None:
     _, server, port = await make_server(head_timeout_seconds=0.3, body_timeout_seconds=0.3)
@@ -481,7 +485,9 @@ async def test_slowloris_gets_408(make_server: Make, sent: bytes, message: str) 
 
 
 async def test_a_slow_body_that_keeps_moving_is_served(make_server: Make) -> None:
-    _, _, port = await make_server(head_timeout_seconds=0.3, body_timeout_seconds=0.3)
+    # 1 byte a second past the first 0.3 s: each byte buys a second more.
+    _, _, port = await make_server(head_timeout_seconds=0.3, body_timeout_seconds=0.3,
+                                   min_body_rate=1)
     reader, writer = await connect(port)
     writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
     for byte in b"trickled":  # 1.2 s in all, never 0.3 s without a byte
@@ -489,6 +495,55 @@ async def test_a_slow_body_that_keeps_moving_is_served(make_server: Make) -> Non
         await asyncio.sleep(0.15)
     assert (await asyncio.wait_for(read_response(reader), 5))[::2] == (200, b"trickled")
     writer.close()
+
+
+async def test_heads_announcing_large_bodies_reserve_nothing(make_server: Make) -> None:
+    """Buffer squatting: 10 heads announce 9 KB bodies and send a byte each. Counted as
+    announced they filled 90 KB of a 100 KB cap and made every other body 503; counted as
+    they come they hold a few hundred bytes, and another client's 20 KB body is served."""
+    _, server, port = await make_server(max_buffered_bytes=100_000)
+    squatters = []
+    for _ in range(10):
+        reader, writer = await connect(port)
+        writer.write(b"POST /squat HTTP/1.1\r\nHost: x\r\nContent-Length: 9000\r\n\r\nx")
+        squatters.append((reader, writer))
+    await until(lambda: len(server.connections) == 10 and all(
+        c._body_bytes == 1 for c in server.connections))
+    assert server.buffered_bytes < 1000
+    status, _, body = (await answer(port, b"POST /victim HTTP/1.1\r\nHost: x\r\n"
+                                          b"Connection: close\r\nContent-Length: 20000\r\n\r\n"
+                                          + b"v" * 20000))[0]
+    assert (status, len(body)) == (200, 20000)
+    for _, writer in squatters:
+        writer.close()
+    await until(lambda: not server.connections and server.buffered_bytes == 0)
+
+
+async def test_a_body_that_trickles_below_the_minimum_rate_gets_408(make_server: Make
+                                                                    ) -> None:
+    """A byte every 0.1 s never stalls for the body timeout (0.3 s), but past it each byte
+    buys only 1/100 s: refused 408 within about half a second, where a byte now and then
+    held the connection and its bytes for ever."""
+    _, server, port = await make_server(body_timeout_seconds=0.3, min_body_rate=100)
+    reader, writer = await connect(port)
+    writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(100):
+                writer.write(b"t")
+                await asyncio.sleep(0.1)
+
+    trickler = asyncio.create_task(trickle())
+    status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+    assert (status, headers["connection"]) == (408, "close")
+    assert "slower than 100 bytes a second" in error_of(body)["message"]
+    assert 0.3 <= loop.time() - began < 2
+    trickler.cancel()
+    writer.close()
+    await until(lambda: not server.connections and server.buffered_bytes == 0)
 
 
 # --- 4. connections freed without the cycle collector -------------------------------------------

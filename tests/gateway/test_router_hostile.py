@@ -137,8 +137,9 @@ async def test_one_connection_over_the_cap_is_503_and_closed(scene: Scene) -> No
 async def test_bodies_past_the_buffered_cap_are_503_unread(scene: Scene) -> None:
     port = await routed(scene, max_buffered_bytes=150_000)
     _, first = await asyncio.open_connection("127.0.0.1", port)
+    # Held: 80,000 bytes of its body (counted as they come, never as announced).
     first.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
-                b"Content-Length: 90000\r\n\r\n" + b"x" * 10)
+                b"Content-Length: 90000\r\n\r\n" + b"x" * 80_000)
     await first.drain()
     await asyncio.sleep(0.05)
     status, headers, body = await exchange(

@@ -23,12 +23,13 @@ What a front door must still do, it does, against clients that mean harm too
 - head bytes counted as they arrive: a head (or a trailer section) past 64 KiB is 431 then,
   however it is split, and no more than that is ever handed to the parser;
 - caps: client connections (`max_connections`: one more is answered 503), the bytes held for
-  requests across all connections (`max_buffered_bytes`: a body that would pass it is answered
-  503 unread), a body over `max_body_bytes` (413 unread); a body is kept as one growing
-  buffer, so what it costs in memory is the bytes counted, however small its chunks;
-- slow clients: a head must be whole 10 s after its first byte and a body must not stall for
-  30 s (408); a client that leaves what is written to it unread `write_stall_timeout_seconds`
-  is dropped as one that hung up;
+  requests across all connections (`max_buffered_bytes`, bodies counted as they arrive, never
+  as announced: a body announced past what is left is answered 503 unread, one whose bytes
+  would pass it 503 then), a body over `max_body_bytes` (413 unread); a body is kept as one
+  growing buffer, so what it costs in memory is the bytes counted, however small its chunks;
+- slow clients: a head must be whole 10 s after its first byte, and a body must not stall for
+  30 s nor, past its first 30 s, average under 16 KiB a second (408); a client that leaves
+  what is written to it unread `write_stall_timeout_seconds` is dropped as one that hung up;
 - the protocol: HTTP/1.0 and 1.1 only (505), one Host in 1.1 (400), `Transfer-Encoding` only
   `chunked` (501), CONNECT 405, Upgrade ignored (the request answered, then the connection
   closed), trailer fields read and dropped (RFC 9110 6.5.1), bad framing and llhttp's
@@ -74,6 +75,10 @@ log = logging.getLogger(__name__)
 KEEPALIVE_SECONDS = 75.0  # an idle client connection is closed after this long
 HEAD_TIMEOUT_SECONDS = 10.0  # a request head must be whole this long after its first byte
 BODY_TIMEOUT_SECONDS = 30.0  # a request body that sends nothing this long is given up
+# Past its first BODY_TIMEOUT_SECONDS a body must average this many bytes a second (as
+# Apache's mod_reqtimeout MinRate: each byte buys 1/rate s more), so a byte every few seconds
+# cannot hold a connection and its bytes for ever. 128 kbit/s: a 4 MiB body may take 4 min.
+MIN_BODY_RATE = 16 * 1024
 # After a refusal that left the client's request unread: what it still sends is read and
 # dropped this long, so that closing does not reset the connection under the answer.
 LINGER_SECONDS = 2.0
@@ -140,6 +145,7 @@ class HttpConnection(asyncio.Protocol):
         # what the timer saw at its last look
         self._seen_body = -1
         self._seen_body_at = 0.0
+        self._body_began = 0.0  # when the request's head ended
         self._seen_pending = 0
         self._seen_pending_at = 0.0
         self._resumes = 0
@@ -394,13 +400,16 @@ class HttpConnection(asyncio.Protocol):
                 self._stop_reading(request)
                 raise _Stop
             if length and server.buffered_bytes + length > server.max_buffered_bytes:
-                self._refuse_request(request, busy(
-                    f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
-                    "--max-buffered-bytes); retry shortly.", "server_busy"))
+                # It cannot fit now: refused before a byte of it is read.
+                self._refuse_request(request, self._full())
                 raise _Stop
-        # Held from now: the head as what is kept of it, and the body as announced, before
-        # it comes (a chunked one is counted as it comes).
-        held = self._head_bytes + len(url) + length
+        # Held from now: the head, as what is kept of it. The body is counted as it comes,
+        # not as announced: an announced length holds nothing yet, and reserving it let heads
+        # that announce large bodies and send a byte now and then fill max_buffered_bytes with
+        # nothing, so that every other body was 503 (issue 36). The bound still holds: a
+        # piece is counted before it is kept, and one that would pass the cap is refused 503
+        # (a body may then be refused part way, when others filled the cap meanwhile).
+        held = self._head_bytes + len(url)
         server.buffered_bytes += held - self._held
         self._held = held
         if "transfer-encoding" in headers:
@@ -408,7 +417,9 @@ class HttpConnection(asyncio.Protocol):
             self._chunk_mark = -1
         else:
             self._body_left = length
-        self._seen_body = -1
+        # Both body clocks run from the head's end.
+        self._body_began = self._seen_body_at = self._loop.time()
+        self._seen_body = 0
         self._upgrade = "upgrade" in headers and parser.should_upgrade()
         if self._upgrade:
             # RFC 9110 7.8: a server may ignore Upgrade. llhttp takes the rest of the
@@ -432,15 +443,12 @@ class HttpConnection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         size = len(body)
         self._body_bytes += size
-        if self._body_left >= 0:  # Content-Length: within the limits, counted already
-            self._body_left -= size
-            self._keep(body)
-            return
-        # Chunked: counted as it comes.
         server = self._server
-        self._held += size
+        self._held += size  # counted as it comes (on_headers_complete says why)
         server.buffered_bytes += size
-        if self._body_bytes > server.max_body_bytes:
+        if self._body_left >= 0:  # Content-Length: within max_body_bytes (its head said)
+            self._body_left -= size
+        elif self._body_bytes > server.max_body_bytes:
             request = cast(Request, self._request)
             request.too_large = True  # the handler answers 413; nothing more is read
             self._body = b""
@@ -448,9 +456,7 @@ class HttpConnection(asyncio.Protocol):
             raise _Stop
         if server.buffered_bytes > server.max_buffered_bytes:
             self._body = b""
-            self._refuse_request(cast(Request, self._request), busy(
-                f"The gateway holds its most request bytes ({server.max_buffered_bytes}, "
-                "--max-buffered-bytes); retry shortly.", "server_busy"))
+            self._refuse_request(cast(Request, self._request), self._full())
             raise _Stop
         self._keep(body)
 
@@ -471,6 +477,11 @@ class HttpConnection(asyncio.Protocol):
         for a moment (nothing else runs meanwhile)."""
         kept, self._body = self._body, b""
         return bytes(kept) if isinstance(kept, bytearray) else kept
+
+    def _full(self) -> Response:
+        return busy(f"The gateway holds its most request bytes "
+                    f"({self._server.max_buffered_bytes}, --max-buffered-bytes); retry "
+                    "shortly.", "server_busy")
 
     def on_chunk_header(self) -> None:
         self._chunk_mark = self._body_bytes
@@ -512,6 +523,14 @@ class HttpConnection(asyncio.Protocol):
             return
         self._raw_left -= len(piece)
         self._body_bytes += len(piece)
+        server = self._server
+        self._held += len(piece)
+        server.buffered_bytes += len(piece)
+        if server.buffered_bytes > server.max_buffered_bytes:
+            self._body = b""
+            self._raw_left = 0
+            self._refuse_request(cast(Request, self._request), self._full())
+            return
         self._keep(piece)
         if self._raw_left:
             return
@@ -735,11 +754,16 @@ class HttpConnection(asyncio.Protocol):
                     self._refuse(408, "The request head was not complete within "
                                       f"{server.head_timeout_seconds:g} s.", "request_timeout")
             elif self._request is not None:
-                if self._body_bytes != self._seen_body:
+                stalled, rate = self._body_bytes == self._seen_body, server.min_body_rate
+                if not stalled:
                     self._seen_body, self._seen_body_at = self._body_bytes, now
-                elif now - self._seen_body_at >= server.body_timeout_seconds:
+                if stalled and now - self._seen_body_at >= server.body_timeout_seconds:
                     self._refuse(408, "The request body sent nothing for "
                                       f"{server.body_timeout_seconds:g} s.", "request_timeout")
+                elif rate and now - self._body_began >= (server.body_timeout_seconds
+                                                         + self._body_bytes / rate):
+                    self._refuse(408, f"The request body came slower than {rate} bytes a "
+                                      "second.", "request_timeout")
             elif (self._task is None and not self._queue
                   and now - self._active_at >= server.keepalive_seconds):
                 transport.close()

@@ -14,6 +14,7 @@ from glm_operator.gateway.wire.http import (
     LINGER_SECONDS,
     MAX_BUFFERED_BYTES,
     MAX_CONNECTIONS,
+    MIN_BODY_RATE,
     WRITE_STALL_TIMEOUT_SECONDS,
     HttpConnection,
 )
@@ -30,6 +31,7 @@ class HttpServer:
                  drain_seconds: float = DRAIN_SECONDS,
                  head_timeout_seconds: float = HEAD_TIMEOUT_SECONDS,
                  body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
+                 min_body_rate: int = MIN_BODY_RATE,
                  keepalive_seconds: float = KEEPALIVE_SECONDS,
                  linger_seconds: float = LINGER_SECONDS) -> None:
         self.router = router
@@ -40,6 +42,7 @@ class HttpServer:
         self.drain_seconds = drain_seconds
         self.head_timeout_seconds = head_timeout_seconds
         self.body_timeout_seconds = body_timeout_seconds
+        self.min_body_rate = min_body_rate  # bytes a second past body_timeout_seconds; 0: off
         self.keepalive_seconds = keepalive_seconds
         self.linger_seconds = linger_seconds
         # How often each connection's timer looks: each limit is then enforced within half
