@@ -396,3 +396,38 @@ async def test_an_http10_stream_the_pod_breaks_off_ends_with_an_error_event(
         "glm_router_requests_total",
         {"service": "svc", "version": "v1", "code": "200", "outcome": "engine_broken"})
     assert sample == 1
+
+
+async def test_the_routers_own_refusals_carry_a_request_id(scene: Scene) -> None:
+    port = await routed(scene)
+    body = b"[1]"
+    for request, given in (
+            (b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Request-Id: mine-1\r\n"
+             b"Content-Length: %d\r\n\r\n%b" % (len(body), body), "mine-1"),
+            (b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Request-Id: a b\r\n"
+             b"Content-Length: %d\r\n\r\n%b" % (len(body), body), None),
+            (b"GET /nowhere HTTP/1.1\r\nHost: r\r\n\r\n", None)):
+        status, headers, _ = await exchange(port, request)
+        assert status in (400, 404)
+        assert headers["x-request-id"] == given if given else len(headers["x-request-id"]) == 16
+
+
+async def test_an_unknown_pin_names_how_many_versions_and_a_few(scene: Scene) -> None:
+    app = await scene.start(picker="none", max_body_bytes=LIMIT)
+    await scene.add_pod("a", "")
+    names = {f"v{i}": 0 for i in range(16)}
+    names["v1"] = 100
+    scene.publish_table(table_json(names))
+    scene.publish_pods("a")
+    assert app.table is not None and len(app.table.names) == 16
+    body = b'{"messages": [{"role": "user", "content": "x"}]}'
+
+    def pinned(pin: bytes) -> bytes:
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-Glm-Version: %b\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (pin, len(body), body))
+
+    status, _, answer = await exchange(scene.port, pinned(b"v99"))
+    message = json.loads(answer)["error"]["message"]
+    assert status == 400 and "16 versions" in message and "v15" not in message
+    status, headers, answer = await exchange(scene.port, pinned(b"v1 \t"))
+    assert status == 200 and headers["x-glm-version"] == "v1", answer

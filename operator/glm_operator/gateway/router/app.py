@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED
 from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker, renew_logged
+from glm_operator.gateway.proxy import client_request_id
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.dispatch import Dispatcher, unavailable
 from glm_operator.gateway.router.forward import Forwarded, PodClients
@@ -57,9 +58,19 @@ from glm_operator.kube.scale import DeploymentRef, DeploymentScale
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL, SERVICE_LABEL
 
 log = logging.getLogger(__name__)
+AnswerT = TypeVar("AnswerT", Response, Response | Streamed)
 
 ROUTES_KEY = "routes.json"
 COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
+def with_request_id(answer: AnswerT, request: Request) -> AnswerT:
+    """The router's own answers carry an X-Request-Id as the gateway's do: the client's
+    when it is a plain token, else a new one (a pod's answer carries the pod's)."""
+    if isinstance(answer, Response) and not any(name.lower() == "x-request-id"
+                                                for name in answer.headers):
+        answer.headers["X-Request-Id"] = client_request_id(request.headers)
+    return answer
 
 
 class RouterApp:
@@ -227,15 +238,16 @@ class RouterApp:
                         {"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _not_found(self, request: Request) -> Response:
-        return error_response(404, f"no route for {request.method} {request.path}",
-                              "not_found")
+        return with_request_id(error_response(
+            404, f"no route for {request.method} {request.path}", "not_found"), request)
 
     async def _models(self, request: Request) -> Response:
         """The pods' own answer (it needs their key check), from a ready pod."""
         table = self.table
         ready = [e for v in (table.versions if table else ()) for e in self.pods.of(v.pod_label)]
         if not ready:
-            return unavailable("no version of this service has a ready pod", 5)
+            return with_request_id(unavailable("no version of this service has a ready pod",
+                                               5), request)
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items()
                    if k in ("authorization", "x-request-id")}
@@ -247,7 +259,8 @@ class RouterApp:
                                 {"Content-Type": answer.headers.get("Content-Type",
                                                                     "application/json")})
         except (aiohttp.ClientError, TimeoutError) as exc:
-            return unavailable(f"the pod {ready[0].address}: {exc}", 1)
+            return with_request_id(unavailable(f"the pod {ready[0].address}: {exc}", 1),
+                                   request)
 
     async def _completion(self, request: Request) -> Response | Streamed:
         version_name = ""
@@ -258,7 +271,7 @@ class RouterApp:
             raise
         self._count(version_name, routed.status, routed.error_code,
                     isinstance(routed.answer, Streamed))
-        return routed.answer
+        return with_request_id(routed.answer, request)
 
     def _count(self, version: str, status: int, error_code: str | None, started: bool
                ) -> None:

@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-glm-version"
 REFUSED_RETRY_SECONDS = 0.25
+SHOWN_VERSIONS = 3  # named in an unknown pin's 400
 
 
 def has_bearer(request: Request) -> bool:
@@ -68,6 +69,16 @@ def has_bearer(request: Request) -> bool:
     pods' gateways can tell)."""
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     return scheme.lower() == "bearer" and bool(key.strip())
+
+
+def unknown_version(pin: str, names: tuple[str, ...]) -> str:
+    """The 400's message: how many versions the service has, and at most SHOWN_VERSIONS of
+    them (the list is the service's, not every client's to read)."""
+    shown = pin if len(pin) <= 80 else pin[:80] + "..."
+    serves = (f"{len(names)} versions, among them {', '.join(names[:SHOWN_VERSIONS])}"
+              if len(names) > SHOWN_VERSIONS else
+              f"{len(names)} version{'s' if len(names) > 1 else ''}: {', '.join(names)}")
+    return f"{VERSION_HEADER}: {shown!r} is not a version of this service; it serves {serves}."
 
 
 def unavailable(message: str, retry_after: float, code: str = "unavailable") -> Response:
@@ -123,12 +134,11 @@ class Dispatcher:
                                   "invalid_json"), ""
         pin = request.headers.get(VERSION_HEADER)
         if pin is not None:
+            pin = pin.strip()  # a field value's surrounding whitespace is not the value's
             pinned = table.version(pin)
             if pinned is None:
-                shown = pin if len(pin) <= 80 else pin[:80] + "..."
-                return error_response(
-                    400, f"{VERSION_HEADER}: {shown!r} is not a version of this service; it "
-                    f"serves {', '.join(table.names)}.", "unknown_version"), ""
+                return error_response(400, unknown_version(pin, table.names),
+                                      "unknown_version"), ""
             version = pinned
         else:
             chosen = table.version(split.next())
