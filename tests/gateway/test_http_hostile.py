@@ -432,6 +432,42 @@ async def test_one_connection_over_the_cap_is_answered_503_and_closed(make_serve
         other.close()
 
 
+async def test_probes_are_answered_past_the_connection_cap(make_server: Make) -> None:
+    """max_connections silent sockets: a probe still answers 200 within a second (let into
+    the probes' reserve, then closed), anything else past the cap is 503; silent sockets that
+    fill the reserve too are answered 503 after reserve_head_seconds, and probes come back."""
+    _, server, port = await make_server(max_connections=64, reserve_head_seconds=0.5)
+    held = [await connect(port) for _ in range(64)]
+    await until(lambda: len(server.connections) == 64)
+    loop = asyncio.get_running_loop()
+    for probe in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                  b"GET /readyz HTTP/1.0\r\n\r\n", b"HEAD /enginez HTTP/1.1\r\nHost: x\r\n\r\n"):
+        began = loop.time()
+        status, headers, _ = (await answer(port, probe))[0]
+        assert (status, headers.get("x-path")) == (200, probe.split(b" ")[1].decode())
+        assert loop.time() - began < 1.0
+    for other in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+                  b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"):
+        status, headers, body = (await answer(port, other))[0]
+        assert (status, headers["connection"]) == (503, "close")
+        assert error_of(body)["code"] == "too_many_connections"
+    silent = [await connect(port) for _ in range(server.probe_reserve)]
+    await until(lambda: len(server.reserve) == server.probe_reserve)
+    status, _, body = (await answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))[0]
+    assert status == 503 and error_of(body)["code"] == "too_many_connections"
+    for reader, writer in silent:  # answered and closed, so the reserve empties
+        status, _, body = await asyncio.wait_for(read_response(reader), 3)
+        assert status == 503 and error_of(body)["code"] == "too_many_connections"
+        writer.close()
+    await until(lambda: not server.reserve)
+    status, _, _ = (await answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))[0]
+    assert status == 200
+    assert len(server.connections) == 64
+    for _, writer in held:
+        writer.close()
+    await until(lambda: not server.connections and server.buffered_bytes == 0)
+
+
 async def test_bodies_past_the_buffered_bytes_cap_are_503_unread_and_the_count_comes_back(
         make_server: Make) -> None:
     scene, server, port = await make_server(max_buffered_bytes=10_000)

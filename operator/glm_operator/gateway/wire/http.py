@@ -22,7 +22,10 @@ What a front door must still do, it does, against clients that mean harm too
   body byte is read and before `100 Continue`: the 401 of /v1/*;
 - head bytes counted as they arrive: a head (or a trailer section) past 64 KiB is 431 then,
   however it is split, and no more than that is ever handed to the parser;
-- caps: client connections (`max_connections`: one more is answered 503), the bytes held for
+- caps: client connections (`max_connections`: one more is let into the probes' small reserve,
+  served only if its first request is a probe, GET or HEAD of /healthz, /readyz or /enginez,
+  and sent promptly; anything else is answered 503, so probes never share the fate of client
+  connections; server.py has the reserve), the bytes held for
   requests across all connections (`max_buffered_bytes`, bodies counted as they arrive, never
   as announced: a body announced past what is left is answered 503 unread, one whose bytes
   would pass it 503 then), a body over `max_body_bytes` (413 unread); a body is kept as one
@@ -42,9 +45,9 @@ What a front door must still do, it does, against clients that mean harm too
 - a closed connection leaves no reference cycle (parser, requests, timers dropped), so its
   memory comes back without the cycle collector.
 
-(Some 700 lines: a connection's parser callbacks, its limits as bytes arrive and its
+(Some 750 lines: a connection's parser callbacks, its limits as bytes arrive and its
 answering share one object's state, and splitting that object would put a call between them
-on every request and chunk.)
+on every request and chunk. Its timer, which runs every few seconds, is timer.py.)
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from glm_operator.gateway.wire.messages import (
     busy,
     error_response,
 )
+from glm_operator.gateway.wire.timer import look
 
 if TYPE_CHECKING:
     from glm_operator.gateway.wire.server import HttpServer
@@ -111,6 +115,7 @@ class HttpConnection(asyncio.Protocol):
         self._lost = False
         self._reading = True  # False once a refusal or an Upgrade ended parsing
         self._lingering = False
+        self._reserve = False  # over max_connections, let in for a probe (server.py)
         self._paused_reading = False
         # Bytes read past MAX_PIPELINED parsed requests, parsed once the queue has room.
         self._backlog = b""
@@ -157,17 +162,33 @@ class HttpConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         server = self._server
         if len(server.connections) >= server.max_connections:
-            # Answered at once and closed; it never counts among the open connections.
-            self._reading = False
-            response = busy(f"The gateway holds its most client connections "
-                             f"({server.max_connections}); retry shortly.",
-                             "too_many_connections")
-            self.transport.write(self._framed(response, (1, 1), "", keep_alive=False))
-            self._linger_close()
+            if len(server.reserve) >= server.probe_reserve:
+                self._crowded_out()  # it never counts among the open connections
+                return
+            # Over the cap, in the probes' reserve (server.py says why): served only if its
+            # first request is a probe, and only if that comes at once.
+            server.reserve.add(self)
+            self._reserve = True
+            self._parser = httptools.HttpRequestParser(self)
+            self._timer = self._loop.call_later(server.reserve_head_seconds, self._crowded_out)
             return
         server.connections.add(self)
         self._parser = httptools.HttpRequestParser(self)
         self._arm_timer()
+
+    def _crowded(self) -> Response:
+        return busy(f"The gateway holds its most client connections "
+                    f"({self._server.max_connections}); retry shortly.", "too_many_connections")
+
+    def _crowded_out(self) -> None:
+        """A connection over the cap, or in the probes' reserve with no probe come: answered
+        503 and closed."""
+        self._timer = None
+        if (self._reading and self._task is None and not self._queue
+                and not self.transport.is_closing()):
+            self._reading = False
+            self.transport.write(self._framed(self._crowded(), (1, 1), "", keep_alive=False))
+            self._linger_close()
 
     def data_received(self, data: bytes) -> None:
         if not self._reading:
@@ -269,6 +290,7 @@ class HttpConnection(asyncio.Protocol):
         self._reading = False
         server = self._server
         server.connections.discard(self)
+        server.reserve.discard(self)
         if self._lingering:
             self._lingering = False
             server.lingering -= 1
@@ -379,6 +401,9 @@ class HttpConnection(asyncio.Protocol):
                    else None)
         handler, head_check = server.router.route(method, path)
         request.handler = handler
+        if refusal is None and self._reserve and (
+                path not in server.probe_paths or method not in ("GET", "HEAD")):
+            refusal = self._crowded()
         if refusal is None and head_check is not None:
             refusal = head_check(request)
         if refusal is not None or server.stopping:
@@ -504,7 +529,8 @@ class HttpConnection(asyncio.Protocol):
         # Read now: with pipelining the parser moves on to the next request before this one
         # is answered.
         parser = self._parser
-        request.keep_alive = not self._upgrade and parser.should_keep_alive()
+        request.keep_alive = (not self._upgrade and not self._reserve
+                              and parser.should_keep_alive())
         self._dispatch(request)
 
     # --- past the parser -------------------------------------------------------------------
@@ -723,51 +749,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _arm_timer(self) -> None:
         # One timer per connection that re-arms itself, rather than one per request.
-        self._timer = self._loop.call_later(self._server.tick_seconds, self._tick)
-
-    def _tick(self) -> None:
-        """Looks at the connection every few seconds: a client that stopped reading what is
-        written to it, a head or a body that does not come, a connection idle too long."""
-        self._timer = None
-        if self._lost:
-            return
-        server, transport = self._server, self.transport
-        now = self._loop.time()
-        pending = transport.get_write_buffer_size()
-        # No progress: bytes wait now as at the last look, no fewer, and the client read
-        # nothing in between (the transport would have said so: resume_writing).
-        if (pending and self._seen_pending and pending >= self._seen_pending
-                and self._resumes == self._seen_resumes):
-            if now - self._seen_pending_at >= server.write_stall_timeout_seconds:
-                # As if it had hung up: its handler is cancelled (a 499), the engine's
-                # connection dropped with it.
-                log.info("a client left %d bytes unread for %g s: its connection is dropped",
-                         pending, server.write_stall_timeout_seconds)
-                transport.abort()
-                return
-        else:
-            self._seen_pending_at = now
-        self._seen_pending, self._seen_resumes = pending, self._resumes
-        if self._reading and not self._paused_reading and not transport.is_closing():
-            if self._in_head and self._begun:
-                if self._head_started and now - self._head_started >= server.head_timeout_seconds:
-                    self._refuse(408, "The request head was not complete within "
-                                      f"{server.head_timeout_seconds:g} s.", "request_timeout")
-            elif self._request is not None:
-                stalled, rate = self._body_bytes == self._seen_body, server.min_body_rate
-                if not stalled:
-                    self._seen_body, self._seen_body_at = self._body_bytes, now
-                if stalled and now - self._seen_body_at >= server.body_timeout_seconds:
-                    self._refuse(408, "The request body sent nothing for "
-                                      f"{server.body_timeout_seconds:g} s.", "request_timeout")
-                elif rate and now - self._body_began >= (server.body_timeout_seconds
-                                                         + self._body_bytes / rate):
-                    self._refuse(408, f"The request body came slower than {rate} bytes a "
-                                      "second.", "request_timeout")
-            elif (self._task is None and not self._queue
-                  and now - self._active_at >= server.keepalive_seconds):
-                transport.close()
-        self._arm_timer()
+        self._timer = self._loop.call_later(self._server.tick_seconds, look, self)
 
     def is_idle(self) -> bool:
         """No request being read, waiting or answered."""

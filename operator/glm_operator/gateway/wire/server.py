@@ -20,6 +20,17 @@ from glm_operator.gateway.wire.http import (
 )
 from glm_operator.gateway.wire.messages import Router
 
+# Probes (the kubelet's) must not share fate with client connections: 1,024 silent sockets
+# would otherwise make /healthz answer 503 and the kubelet restart the pod (issue 36). Past
+# max_connections a connection is let into a small reserve rather than refused at once; its
+# first request is answered only if it is a probe (GET or HEAD of one of these paths), and
+# the connection then closes. A reserve connection that sends no whole head within
+# RESERVE_HEAD_SECONDS is answered 503 and closed, so that silent sockets hold the reserve
+# for two seconds at a time, not 75 (a kubelet probe sends its request at once).
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/enginez"})
+PROBE_RESERVE = 16
+RESERVE_HEAD_SECONDS = 2.0
+
 
 class HttpServer:
     """Listens, and on stop lets running handlers finish for up to `shutdown_timeout`."""
@@ -33,7 +44,10 @@ class HttpServer:
                  body_timeout_seconds: float = BODY_TIMEOUT_SECONDS,
                  min_body_rate: int = MIN_BODY_RATE,
                  keepalive_seconds: float = KEEPALIVE_SECONDS,
-                 linger_seconds: float = LINGER_SECONDS) -> None:
+                 linger_seconds: float = LINGER_SECONDS,
+                 probe_paths: frozenset[str] = PROBE_PATHS,
+                 probe_reserve: int = PROBE_RESERVE,
+                 reserve_head_seconds: float = RESERVE_HEAD_SECONDS) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
@@ -45,11 +59,15 @@ class HttpServer:
         self.min_body_rate = min_body_rate  # bytes a second past body_timeout_seconds; 0: off
         self.keepalive_seconds = keepalive_seconds
         self.linger_seconds = linger_seconds
+        self.probe_paths = probe_paths
+        self.probe_reserve = probe_reserve
+        self.reserve_head_seconds = reserve_head_seconds
         # How often each connection's timer looks: each limit is then enforced within half
         # of itself past it.
         self.tick_seconds = max(0.01, min(head_timeout_seconds, body_timeout_seconds,
                                           write_stall_timeout_seconds, keepalive_seconds) / 2)
         self.connections: set[HttpConnection] = set()  # open ones, within max_connections
+        self.reserve: set[HttpConnection] = set()  # past it, let in for a probe
         self.buffered_bytes = 0  # held for requests being read or answered, all connections
         self.lingering = 0
         self.in_flight = 0
@@ -73,14 +91,15 @@ class HttpServer:
         self.stopping = True
         if self._server is not None:
             self._server.close()
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.reserve]:
             connection.close_if_idle()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while (self.in_flight or not all(c.is_idle() for c in self.connections)) \
+        while (self.in_flight
+               or not all(c.is_idle() for c in [*self.connections, *self.reserve])) \
                 and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.reserve]:
             with contextlib.suppress(Exception):
                 connection.transport.close()
         if self._server is not None:
