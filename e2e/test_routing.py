@@ -458,10 +458,9 @@ def test_an_idle_pool_goes_to_zero_and_the_first_request_wakes_it(routed: Routed
 
     request_id = rid("wake")
     started = time.monotonic()
-    # Only a request that names a key may wake a pool (docs/routing.md): the service is
-    # Open, so any key in the Bearer form does, as the OpenAI SDKs always send one.
+    # The service is Open (no keys Secret), so its router asks for no key: a request without
+    # one wakes the pool (docs/routing.md). A keyed service's router would want a valid key.
     answer = post(router.url, [{"role": "user", "content": "wake up"}], request_id,
-                  headers={"Authorization": "Bearer any"},
                   timeout=version["wakeTimeoutSeconds"] + 10)
     waited = time.monotonic() - started
     print(f"[figures] {SLEEPY}: at zero {asleep:.0f} s after it was created; the first "

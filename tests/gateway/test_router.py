@@ -271,6 +271,7 @@ class Scene:
                               max_waiting=max_waiting, **limits)
         self.app = app = RouterApp(config)
         app.start_picker()
+        app.start_keys()
         app._session = aiohttp.ClientSession()
         self.server = app.http_server()
         port = await self.server.start("127.0.0.1", 0)
@@ -321,7 +322,7 @@ async def chat(scene: Scene, *, stream: bool = False, headers: dict[str, str] | 
                content: str = "hi") -> tuple[int, dict[str, str], bytes]:
     async with aiohttp.ClientSession() as session, session.post(
         scene.url + "/v1/chat/completions",
-        headers={"authorization": "Bearer k", **(headers or {})},
+        headers=headers or {},
         json={"messages": [{"role": "user", "content": content}], "stream": stream},
     ) as answer:
         return answer.status, dict(answer.headers), await answer.read()
@@ -650,50 +651,138 @@ class Marks:
         pass
 
 
-async def test_a_request_without_a_key_wakes_nothing(scene: Scene) -> None:
-    """A sleeping version, and the long-context pool, are woken only by a request that names
-    a key: one without is a 401 at once, nothing held and no wake started. The control: the
-    same request with a key is held while the version wakes."""
-    app = await scene.start(picker="none")
+def keys_dir(tmp_path: Path, **keys: str) -> Path:
+    """A Secret volume as the kubelet mounts it: one file per key."""
+    folder = tmp_path / "api-keys"
+    folder.mkdir(exist_ok=True)
+    for name, key in keys.items():
+        (folder / name).write_text(key + "\n")
+    return folder
+
+
+BAD_KEYS = ({}, {"authorization": ""}, {"authorization": "Basic azE="},
+            {"authorization": "Bearer "}, {"authorization": "Bearer wrong"},
+            {"authorization": "Bearer k1x"})
+
+
+def assert_gateways_401(status: int, headers: dict[str, str], body: bytes) -> None:
+    """The pods' gateways' own 401: OpenAI's error shape, the Bearer challenge, an id."""
+    assert status == 401, body
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+    assert headers["WWW-Authenticate"].startswith('Bearer realm="glm-operator"')
+    assert "x-request-id" in {name.lower() for name in headers}
+
+
+async def test_a_keyed_routers_request_without_a_valid_key_wakes_nothing(
+        scene: Scene) -> None:
+    """A keyed service's router checks the pods' keys before a wake: no key, another scheme,
+    an empty or a wrong key is the gateway's 401, and neither the version's main pool nor the
+    long-context pool (a long prompt, a pinned version) is woken or waited for. Control: a
+    valid key is held while the version wakes."""
+    app = await scene.start(picker="none",
+                            api_keys_path=keys_dir(scene.tmp_path, current="k1"))
     table = json.loads(table_json({"v1": 100}, min_replicas=0, context=100,
                                   long_context=True, wake_timeout=5.0))
     scene.publish_table(json.dumps(table))
     scene.publish_pods()
     main_waker, long_waker = app._wakers["main", "v1"], app._wakers["long-context", "v1"]
-    for headers, content in (({"authorization": ""}, "x"), ({"authorization": "Basic a"}, "x"),
-                             ({"authorization": "Bearer "}, "x"),
-                             ({"authorization": ""}, "x" * 401),
-                             ({"authorization": "", "x-glm-version": "v1"}, "x")):
-        status, answer_headers, body = await chat(scene, headers=headers, content=content)
-        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
-        assert answer_headers["WWW-Authenticate"].startswith("Bearer")
-        assert {k.lower() for k in answer_headers} >= {"x-request-id"}
+    for headers in BAD_KEYS:
+        for extra, content in (({}, "x"), ({}, "x" * 401), ({"x-glm-version": "v1"}, "x")):
+            assert_gateways_401(*await chat(scene, headers={**headers, **extra},
+                                            content=content))
     assert main_waker._task is None and long_waker._task is None and app.waiting == 0
-    assert counter(app, "glm_router_requests_total", version="v1", code="401",
-                   outcome="client_error") == 5
-    held = asyncio.create_task(chat(scene))  # with a key: held, and the wake starts
+    assert counter(app, "glm_router_requests_total", version="-", code="401",
+                   outcome="client_error") == 3 * len(BAD_KEYS)
+    held = asyncio.create_task(chat(scene, headers={"authorization": "Bearer k1"}))
     async with asyncio.timeout(5):
         while app.waiting < 1:
             await asyncio.sleep(0.01)
-    assert main_waker._task is not None
+    assert main_waker._task is not None and long_waker._task is None
     held.cancel()
 
 
-async def test_a_request_without_a_key_renews_no_lease_unless_served(scene: Scene) -> None:
-    """A keyless request a pod refuses keeps nothing awake; one a pod serves (an Open
-    service) counts as activity, as every request with a key does."""
-    await scene.start(picker="none")
-    refusing = RefusingPod("a")
-    await refusing.start()
-    scene.pods["a"] = refusing
+async def test_a_keyed_routers_refusal_renews_no_lease_asks_no_picker_relays_nothing(
+        scene: Scene) -> None:
+    """With ready pods: a request without a valid key reaches neither the picker nor a pod
+    and keeps no version awake; the same request with the key does all three."""
+    app = await scene.start(api_keys_path=keys_dir(scene.tmp_path, current="k1"))
+    a, b = await scene.add_pod("a", ""), await scene.add_pod("b", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a", "b")  # two: the picker is asked
+    marks = Marks()
+    app._activity["v1"] = marks  # type: ignore[assignment]
+    for headers in BAD_KEYS:
+        assert_gateways_401(*await chat(scene, headers=headers))
+    assert scene.picker.subsets == [] and not a.seen and not b.seen and marks.begun == 0
+    status, _, body = await chat(scene, headers={"authorization": "Bearer k1"})
+    assert status == 200 and json.loads(body)["pod"] in ("a", "b")
+    assert len(scene.picker.subsets) == 1 and len(a.seen + b.seen) == 1 and marks.begun == 1
+    assert (a.seen + b.seen)[0].headers["authorization"] == "Bearer k1"  # checked again there
+
+
+async def test_a_keyed_router_refuses_from_the_head_before_reading_the_body(
+        scene: Scene) -> None:
+    """The 401 comes from the request's head: a body announced and never sent is not waited
+    for (nor buffered), as the gateway refuses it."""
+    await scene.start(api_keys_path=keys_dir(scene.tmp_path, current="k1"))
+    await scene.add_pod("a", "")
     scene.publish_table(table_json({"v1": 100}))
     scene.publish_pods("a")
-    assert scene.app is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", scene.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                 b"Authorization: Bearer wrong\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000000\r\n\r\n{")
+    await writer.drain()
+    async with asyncio.timeout(2):
+        status_line = await reader.readline()
+    assert status_line.startswith(b"HTTP/1.1 401"), status_line
+    writer.close()
+    assert not scene.pods["a"].seen
+
+
+async def test_a_rotated_key_is_accepted_without_a_restart(scene: Scene) -> None:
+    """The router reloads the keys Secret as the gateways do: a second key added to the
+    directory is accepted within seconds, both are valid during the rotation, and the old
+    one stops working once removed."""
+    folder = keys_dir(scene.tmp_path, current="k1")
+    await scene.start(picker="none", api_keys_path=folder)
+    await scene.add_pod("a", "")
+    scene.publish_table(table_json({"v1": 100}))
+    scene.publish_pods("a")
+    old, new = {"authorization": "Bearer k1"}, {"authorization": "Bearer k2"}
+    assert (await chat(scene, headers=new))[0] == 401
+    keys_dir(scene.tmp_path, next="k2")
+    async with asyncio.timeout(5):
+        while (await chat(scene, headers=new))[0] != 200:
+            await asyncio.sleep(0.1)
+    assert (await chat(scene, headers=old))[0] == 200
+    (folder / "current").unlink()
+    async with asyncio.timeout(5):
+        while (await chat(scene, headers=old))[0] != 401:
+            await asyncio.sleep(0.1)
+    assert (await chat(scene, headers=new))[0] == 200
+
+
+async def test_an_open_routers_keyless_request_wakes_the_pool_and_keeps_it_awake(
+        scene: Scene) -> None:
+    """`access: Open` (the router has no keys): anyone may use the service, so a request
+    without any Authorization header is held while the version wakes, and, served, counts
+    as the version's activity."""
+    app = await scene.start(picker="none")
+    scene.publish_table(table_json({"v1": 100}, min_replicas=0, wake_timeout=5.0))
+    scene.publish_pods()
+    waker = app._wakers["main", "v1"]
     marks = Marks()
-    scene.app._activity["v1"] = marks  # type: ignore[assignment]
-    status, _, _ = await chat(scene, headers={"authorization": ""}, content="401")
-    assert status == 401 and marks.begun == 0
-    status, _, _ = await chat(scene, headers={"authorization": ""}, content="200")
-    assert status == 200 and marks.begun == 1
-    status, _, _ = await chat(scene, content="401")  # with a key: counted as it starts
-    assert marks.begun == 2
+    app._activity["v1"] = marks  # type: ignore[assignment]
+    held = asyncio.create_task(chat(scene))
+    async with asyncio.timeout(5):
+        while app.waiting < 1:
+            await asyncio.sleep(0.01)
+    assert waker._task is not None
+    await scene.add_pod("a", "")
+    scene.publish_pods("a")
+    status, _, body = await held
+    assert status == 200 and json.loads(body)["pod"] == "a"
+    assert marks.begun == 1
+    assert "authorization" not in scene.pods["a"].seen[0].headers

@@ -135,6 +135,44 @@ def test_the_router_runs_the_operator_image_with_the_contracts_flags() -> None:
     assert router["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
 
 
+def test_a_keyed_services_router_mounts_the_pods_keys_and_an_open_ones_none() -> None:
+    """The router checks the keys the pods' gateways check, before a wake: the same Secret,
+    mounted read-only at the same path as a directory (rotations reach it), passed as
+    --api-keys, read back by the router's own parser. An Open service's router gets neither,
+    and a mounted Secret adds no RBAC rule."""
+    objects = picker_service()
+    deployment = find(objects, "Deployment", "chat-router")
+    router = container(deployment, "router")
+    gateway = container(find(objects, "Deployment", "chat-glm4-9b-q4"), "gateway")
+    pod = deployment["spec"]["template"]["spec"]
+    engine_pod = find(objects, "Deployment", "chat-glm4-9b-q4")["spec"]["template"]["spec"]
+    keys_mount = next(m for m in gateway["volumeMounts"] if m["name"] == "api-keys")
+    assert keys_mount in router["volumeMounts"] and keys_mount["readOnly"]
+    assert "subPath" not in keys_mount
+    keys_volume = next(v for v in engine_pod["volumes"] if v["name"] == "api-keys")
+    assert keys_volume in pod["volumes"]
+    assert keys_volume["secret"]["secretName"] == "chat-keys"
+    assert option(router["args"], "--api-keys") == option(gateway["args"], "--api-keys") \
+        == keys_mount["mountPath"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, ROUTER_FLAGS)
+    parsed = router_config.from_args(parser.parse_args(router["args"][1:]))
+    assert str(parsed.api_keys_path) == keys_mount["mountPath"]
+    assert not any("secrets" in rule["resources"]
+                   for rule in find(objects, "Role", "chat-router")["rules"])
+
+    open_objects = picker_service(gateway={"access": "Open"})
+    open_deployment = find(open_objects, "Deployment", "chat-router")
+    open_router = container(open_deployment, "router")
+    assert "--api-keys" not in open_router["args"]
+    assert [m["name"] for m in open_router["volumeMounts"]] == ["tmp"]
+    assert [v["name"] for v in open_deployment["spec"]["template"]["spec"]["volumes"]] \
+        == ["tmp"]
+    parsed = router_config.from_args(parser.parse_args(open_router["args"][1:]))
+    assert parsed.api_keys_path is None
+    assert problems(open_objects) == []
+
+
 def test_fail_open_is_the_default() -> None:
     objects = rendered(routing={"mode": "EndpointPicker"}, replicas=2)
     args = container(find(objects, "Deployment", "chat-router"), "router")["args"]

@@ -21,11 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from glm_operator.gateway.config import GatewayConfig, WakeConfig
 from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.policy.audit import AuditLog
-from glm_operator.gateway.policy.keys import (
-    REFRESHER_STALL_SECONDS,
-    RELOAD_INTERVAL_SECONDS,
-    ApiKeyStore,
-)
+from glm_operator.gateway.policy.keys import REFRESHER_STALL_SECONDS, ApiKeyStore, keep_fresh
 from glm_operator.gateway.policy.limits import KeyLimits
 from glm_operator.gateway.policy.metrics import GatewayMetrics
 from glm_operator.gateway.pools.activity import ActivityMarker, activity_lease, renew_logged
@@ -164,7 +160,7 @@ class Gateway:
             )
         self._tasks.append(asyncio.create_task(self._warm_up()))
         if proxy.keys is not None:
-            self._tasks.append(asyncio.create_task(self._refresh_keys(proxy.keys)))
+            self._tasks.append(asyncio.create_task(keep_fresh(proxy.keys)))
         if config.kv_cache_poll_seconds > 0:
             probe = KvCacheProbe(config.engine_url, self._session, self._publish_kv_cache,
                                  config.kv_cache_poll_seconds,
@@ -172,16 +168,6 @@ class Gateway:
             self._tasks.append(asyncio.create_task(probe.poll()))
         if proxy.limits is not None:
             self._tasks.append(asyncio.create_task(proxy.limits.start()))
-
-    @staticmethod
-    async def _refresh_keys(keys: ApiKeyStore) -> None:
-        """Key files are looked at here, every second, never while a request waits."""
-        while True:
-            await asyncio.sleep(RELOAD_INTERVAL_SECONDS)
-            try:
-                keys.refresh()
-            except Exception:  # never let the refresher die: requests would look themselves
-                log.exception("reloading the API keys failed")
 
     def _publish_kv_cache(self, usage: float) -> None:
         # The series appears with the first reading: no reading is not "0 % in use".

@@ -183,12 +183,13 @@ PickerFailureMode = Literal["open", "closed"]
 PICKER_FAILURE_MODES: tuple[PickerFailureMode, ...] = ("open", "closed")
 
 # `glm-operator gateway --router`: the router in front of a service's pools (router/). It
-# shares the gateway's listener, its client limits and its API-server flags; keys, limits
-# and audit stay in the pods' gateways, so none of those flags is here.
+# shares the gateway's listener, its client limits, its API-server flags and its keys (the
+# same Secret, checked before a request may wake a pool); rate limits and audit stay in the
+# pods' gateways, so none of those flags is here.
 ROUTER_SHARED = ("host", "port", "service_name", "namespace", "kube_api_server",
-                 "kube_token_path", "kube_ca_path", "max_body_bytes", "max_connections",
-                 "max_buffered_bytes", "write_stall_timeout", "connect_timeout",
-                 "read_timeout", "drain_seconds")
+                 "kube_token_path", "kube_ca_path", "api_keys", "max_body_bytes",
+                 "max_connections", "max_buffered_bytes", "write_stall_timeout",
+                 "connect_timeout", "read_timeout", "drain_seconds")
 ROUTER_FLAGS: tuple[Flag, ...] = (
     Flag("--router", "run as the service's router, not as a pod's gateway", bool, False,
          "switch"),

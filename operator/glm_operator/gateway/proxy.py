@@ -58,6 +58,23 @@ def client_request_id(headers: Mapping[str, str]) -> str:
     return request_id()
 
 
+def authenticate(keys: ApiKeyStore | None, headers: Mapping[str, str]) -> str:
+    """The id of the request's key (ANONYMOUS where no keys are configured), else the 401
+    raised: no key in the Bearer form, or one not among `keys`. The pods' gateways and the
+    router check keys with this, alike."""
+    if keys is None:
+        return ANONYMOUS
+    scheme, _, key = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise errors.unauthorized(
+            "Missing API key: send it as 'Authorization: Bearer <key>'."
+        )
+    key_id = keys.check(key.strip())
+    if key_id is None:
+        raise errors.unauthorized("Incorrect API key provided.", bad_key=True)
+    return key_id
+
+
 def error_response(err: GatewayError, rid: str) -> Response:
     headers = {"Content-Type": JSON, **err.headers()}
     if rid:
@@ -120,18 +137,7 @@ class Proxy:
         return count
 
     def authenticate(self, request: Request) -> str:
-        if self.keys is None:
-            return ANONYMOUS
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise errors.unauthorized(
-                "Missing API key: send it as 'Authorization: Bearer <key>'."
-            )
-        key_id = self.keys.check(key.strip())
-        if key_id is None:
-            raise errors.unauthorized("Incorrect API key provided.", bad_key=True)
-        return key_id
+        return authenticate(self.keys, request.headers)
 
     def refuse_unauthenticated(self, request: Request) -> Response | None:
         """The check of a request's head, before its body is read (wire/http.py): a request

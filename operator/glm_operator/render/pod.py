@@ -42,6 +42,7 @@ from glm_operator.render.quantity import cpu_cores, cpu_quantity, memory_quantit
 
 MODEL_MOUNT = "/models"
 API_KEYS_MOUNT = "/etc/glm-operator/api-keys"
+API_KEYS_VOLUME = "api-keys"
 ENGINE_CONTAINER = "engine"
 GATEWAY_CONTAINER = "gateway"
 GATEWAY_PORT_NAME = "http"
@@ -523,12 +524,22 @@ def overdue_flags(ctx: PoolContext) -> dict[str, Any]:
             "request_overdue": float(longest)}
 
 
+def api_keys_mount() -> dict[str, Any]:
+    """The keys Secret in a container that checks keys (the pods' gateways, the router): a
+    directory mount (no subPath), so the kubelet updates it when keys rotate."""
+    return {"name": API_KEYS_VOLUME, "mountPath": API_KEYS_MOUNT, "readOnly": True}
+
+
+def api_keys_volume(secret: str) -> dict[str, Any]:
+    """The keys Secret as a pod's volume, readable by the pod's group (fsGroup) only."""
+    return {"name": API_KEYS_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
+
+
 def gateway_container(ctx: PoolContext) -> dict[str, Any]:
     config = ctx.config
     mounts: list[dict[str, Any]] = [{"name": "gateway-tmp", "mountPath": "/tmp"}]
     if ctx.service.spec.gateway.api_keys_secret:
-        # A directory mount (no subPath): the kubelet updates it when keys rotate.
-        mounts.append({"name": "api-keys", "mountPath": API_KEYS_MOUNT, "readOnly": True})
+        mounts.append(api_keys_mount())
     args = ["gateway", *gateway_flags.write(gateway_flag_values(ctx))]
     env = rate_limit_env(ctx.service)
     return {
@@ -609,7 +620,7 @@ def volumes(ctx: PoolContext) -> list[dict[str, Any]]:
                                                  "sizeLimit": memory_quantity(shm)}})
     secret = ctx.service.spec.gateway.api_keys_secret
     if secret:
-        out.append({"name": "api-keys", "secret": {"secretName": secret, "defaultMode": 0o440}})
+        out.append(api_keys_volume(secret))
     return out + driver_volumes(ctx.plan.profile, ctx.config)
 
 

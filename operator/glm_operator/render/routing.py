@@ -7,7 +7,9 @@ the route table it reads (pure); the endpoint picker (EPP) it asks is render/end
                   `glm-operator gateway --router`, which the client-facing Service `<svc>`
                   selects instead of the engine pods; it splits traffic between versions by
                   the rollout's weights, asks the picker which pod of the chosen version
-                  serves each request, and wakes a version scaled to zero.
+                  serves each request, and wakes a version scaled to zero. A keyed service's
+                  router mounts its keys Secret as the pods' gateways do (`--api-keys`): a
+                  request without one of them wakes nothing (a mounted Secret needs no RBAC).
     <svc>-routes  ConfigMap, key routes.json: the versions with their weights (the same
                   weights the Istio VirtualService gets), Deployments, wake-up settings and
                   activity Leases; the router watches it through the API server.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from glm_operator.api.glmservice import FailureMode, GLMService
@@ -48,7 +51,10 @@ from glm_operator.render.names import (
 )
 from glm_operator.render.node_architecture import component_affinity
 from glm_operator.render.pod import (
+    API_KEYS_MOUNT,
     GATEWAY_PORT_NAME,
+    api_keys_mount,
+    api_keys_volume,
     container_security_context,
     pod_security_context,
     pre_stop_sleep,
@@ -180,6 +186,9 @@ def router_flag_values(service: GLMService, config: OperatorConfig,
         "picker_failure_mode": FAILURE_MODES[routing.failure_mode],
         "pod_port": config.gateway_port,
         "max_waiting": routing.max_waiting_requests,
+        # The pods' keys, checked before a request may wake a pool (router/dispatch.py);
+        # none for an Open service, which anyone may wake.
+        "api_keys": Path(API_KEYS_MOUNT) if service.spec.gateway.api_keys_secret else None,
         "drain_seconds": settings.drain_seconds,
     }
 
@@ -229,6 +238,7 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
     router = router_name(name)
     labels = common_labels(name, ROUTER_COMPONENT)
     selector = router_selector(name)
+    keys_secret = service.spec.gateway.api_keys_secret
     container = {
         "name": ROUTER_CONTAINER,
         "image": config.operator_image,
@@ -238,7 +248,8 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
                    "protocol": "TCP"}],
         "lifecycle": pre_stop_sleep(settings.endpoint_removal_seconds),
         "resources": container_resources(config.router_resources),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
+                         *([api_keys_mount()] if keys_secret else [])],
         "startupProbe": _http_probe("/healthz", 2, 30),
         # /readyz: its route table read and its pod watch synced.
         "readinessProbe": _http_probe("/readyz", config.probes.readiness_period_seconds, 3),
@@ -263,7 +274,8 @@ def _router_objects(service: GLMService, config: OperatorConfig, routes: Sequenc
                                           + settings.exit_margin_seconds),
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {
-            "sizeLimit": memory_quantity(ROUTER_TMP_SIZE)}}],
+            "sizeLimit": memory_quantity(ROUTER_TMP_SIZE)}},
+            *([api_keys_volume(keys_secret)] if keys_secret else [])],
     }
     return [  # the account and its Role first, as for the picker
         build_service_account(router, namespace, labels, owner),

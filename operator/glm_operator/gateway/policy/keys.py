@@ -12,6 +12,7 @@ and the audit log show, never the key.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -119,3 +120,14 @@ class ApiKeyStore:
         self._refresh(interval=self._check_reloads_after)
         hashed = digest(key)
         return hashed[:KEY_ID_LENGTH] if hashed in self._digests else None
+
+
+async def keep_fresh(keys: ApiKeyStore) -> None:
+    """Key files are looked at here, every second, never while a request waits (the pods'
+    gateways and the router each run one)."""
+    while True:
+        await asyncio.sleep(RELOAD_INTERVAL_SECONDS)
+        try:
+            keys.refresh()
+        except Exception:  # never let the refresher die: requests would look themselves
+            log.exception("reloading the API keys failed")

@@ -8,8 +8,10 @@
 Here: the router's lifecycle, its HTTP routes, and its inputs from the API server (the route
 table, a ConfigMap the operator writes, and the service's main-pool pods, each followed by a
 list-and-watch; the wakers and activity Leases of the table's versions). A completion
-request's path (version, pool, wake, pick, forward) is dispatch.py's. Keys, limits and audit
-stay in the pods' gateways.
+request's path (version, pool, wake, pick, forward) is dispatch.py's. A keyed service's
+router checks the same keys as its pods' gateways (the same Secret, mounted, reloaded the
+same way) from a completion request's head, before anything else; limits and audit stay in
+the pods' gateways.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from typing import Any, TypeVar
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED
+from glm_operator.gateway.policy.keys import REFRESHER_STALL_SECONDS, ApiKeyStore, keep_fresh
 from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker, renew_logged
-from glm_operator.gateway.proxy import client_request_id
+from glm_operator.gateway.proxy import authenticate, client_request_id
+from glm_operator.gateway.proxy import error_response as error_response_for
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.dispatch import Dispatcher, unavailable
 from glm_operator.gateway.router.forward import Forwarded, PodClients
@@ -83,6 +88,10 @@ class RouterApp:
         self.clients = PodClients(config.connect_timeout_seconds, config.read_timeout_seconds)
         self.prefixes = PrefixIndex()
         self.draining = False
+        # The service's keys (None: an Open service), kept fresh by keep_fresh from start().
+        self.keys = ApiKeyStore(config.api_keys_path,
+                                check_reloads_after=REFRESHER_STALL_SECONDS
+                                ) if config.api_keys_path else None
         self._split: WeightedSplit | None = None
         self._wakers: dict[PoolKey, MainPoolWaker] = {}
         self._activity: dict[str, ActivityMarker] = {}  # main pools' Leases, by version
@@ -98,6 +107,7 @@ class RouterApp:
 
     async def start(self) -> None:
         self.start_picker()
+        self.start_keys()
         self._session = aiohttp.ClientSession()
         api = PodTokenApi(self.config.api_server, self.config.token_path,
                           self.config.ca_path, self._session)
@@ -119,6 +129,11 @@ class RouterApp:
             self.dispatch.picker = EndpointPicker(self.config.picker_address,
                                                   self.config.picker_timeout_seconds)
 
+    def start_keys(self) -> None:
+        """Reload the keys when their files change (a rotation), without a restart."""
+        if self.keys is not None:
+            self._tasks.append(asyncio.create_task(keep_fresh(self.keys)))
+
     @property
     def waiting(self) -> int:
         """Requests held for a ready pod."""
@@ -139,8 +154,9 @@ class RouterApp:
 
     def http_server(self) -> HttpServer:
         router = Router(self._not_found)
+        check = self._refuse_unauthenticated if self.keys is not None else None
         for path in COMPLETION_PATHS:
-            router.add("POST", path, self._completion)
+            router.add("POST", path, self._completion, check)
         router.add("GET", "/v1/models", self._models)
         router.add("GET", "/healthz", self._healthz)
         router.add("GET", "/readyz", self._readyz)
@@ -261,6 +277,19 @@ class RouterApp:
         except (aiohttp.ClientError, TimeoutError) as exc:
             return with_request_id(unavailable(f"the pod {ready[0].address}: {exc}", 1),
                                    request)
+
+    def _refuse_unauthenticated(self, request: Request) -> Response | None:
+        """A keyed service's completion request without one of its keys: the gateway's 401
+        from the head alone, before its body is read, so before any wake, activity Lease
+        renewal, picker call or relay (dispatch.py). Counted with version "-"; the key is
+        neither logged nor counted."""
+        assert self.keys is not None
+        try:
+            authenticate(self.keys, request.headers)
+        except GatewayError as err:
+            self._count("", err.status, err.code, False)
+            return error_response_for(err, client_request_id(request.headers))
+        return None
 
     async def _completion(self, request: Request) -> Response | Streamed:
         version_name = ""

@@ -19,6 +19,9 @@ class RouterConfig:
     token_path: Path
     ca_path: Path | None
     host: str = "0.0.0.0"
+    # The service's keys Secret, mounted as the pods' gateways mount it; None: an Open
+    # service, no key asked for.
+    api_keys_path: Path | None = None
     port: int = 8080
     picker_address: str = ""
     picker_timeout_seconds: float = 0.1
@@ -53,6 +56,7 @@ def from_args(args: argparse.Namespace) -> RouterConfig:
         service_name=args.service_name, namespace=access["namespace"],
         routes_configmap=args.routes_configmap, api_server=access["api_server"],
         token_path=access["token_path"], ca_path=access["ca_path"], host=args.host,
+        api_keys_path=args.api_keys,
         port=args.port, picker_address=args.picker_address,
         picker_timeout_seconds=args.picker_timeout,
         picker_failure_mode=args.picker_failure_mode, pod_port=args.pod_port,

@@ -9,16 +9,16 @@ first could not be reached. Of the body only what is routed on is decoded (body.
 the decoded JSON is dropped before the request waits or is relayed: the pod gets the client's
 bytes.
 
-Keys before a wake. The router holds no API keys (the pods' gateways check them: the keys
-Secret is mounted there, and the router's Role and volumes do not reach it), yet a wake puts a
-GPU to work for minutes and a renewed activity Lease keeps it there. So a request without an
-`Authorization: Bearer <key>` header may not cause either: where its version's pool has no
-ready pod it is answered 401 (OpenAI's error shape, as a pod's gateway would answer it) before
-any wake, and where a pod answers it the activity Lease counts it only once the pod's answer
-is not an error (the pod's 401 keeps nothing awake; a service with `access: Open` serves
-keyless requests, and those count). A wrong key in the Bearer form still wakes: only the pods
-can tell it from a good one (a key check in the router needs the keys Secret mounted there).
-The OpenAI SDKs always send the header, so an Open service's SDK clients wake it as before.
+Keys before a wake. A wake puts a GPU to work for minutes and a renewed activity Lease keeps
+it there, so who may cause them is who may use the service. A keyed service's router holds
+the same keys as its pods' gateways (spec.gateway.apiKeysSecret, mounted read-only and
+reloaded without a restart, as the gateways do: policy/keys.py) and checks them the same way,
+from the request's head, before its body is read (app.py's head check on the completion
+routes): a request without one of them is answered the gateway's 401 (OpenAI's error shape,
+`WWW-Authenticate`) and never reaches this module, so it wakes nothing, renews no Lease, is
+not sent to the picker and is not relayed. Every request here has a valid key, or belongs to
+a service with `access: Open`, which anyone may use and so anyone may wake: no key is asked
+for there. The pods' gateways check the key again (they are reachable around the router).
 
 It reads what app.py keeps current from the API server (the route table, the ready pods,
 the wakers and activity Leases) and writes nothing of it back.
@@ -33,10 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from glm_operator.gateway.openai.errors import unauthorized
 from glm_operator.gateway.pools.activity import ActivityMarker
-from glm_operator.gateway.proxy import client_request_id
-from glm_operator.gateway.proxy import error_response as error_response_for
 from glm_operator.gateway.router.body import routed_fields
 from glm_operator.gateway.router.config import RouterConfig
 from glm_operator.gateway.router.forward import (
@@ -62,13 +59,6 @@ log = logging.getLogger(__name__)
 VERSION_HEADER = "x-glm-version"
 REFUSED_RETRY_SECONDS = 0.25
 SHOWN_VERSIONS = 3  # named in an unknown pin's 400
-
-
-def has_bearer(request: Request) -> bool:
-    """The request names a key in the Bearer form (whether it is a good one, only the
-    pods' gateways can tell)."""
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and bool(key.strip())
 
 
 def unknown_version(pin: str, names: tuple[str, ...]) -> str:
@@ -157,11 +147,6 @@ class Dispatcher:
                 answer_headers["X-Glm-Pool"] = LONG_CONTEXT_POOL
         ready = self.pods.of(route.pod_label, pool)
         held_until = None
-        if not ready and not has_bearer(request):
-            return error_response_for(unauthorized(
-                f"Missing API key: send it as 'Authorization: Bearer <key>'. Version "
-                f"{version.name} has no ready pod in its {pool} pool, and only a request "
-                "with a key may wake it."), client_request_id(request.headers)), version.name
         if not ready:
             held_until = asyncio.get_running_loop().time() + route.wake_timeout_seconds
             ready_or_answer = await self._wait_for_pods(route, pool)
@@ -246,38 +231,30 @@ class Dispatcher:
     async def _forward_counted(self, request: Request, address: str, version: VersionRoute,
                                pool: str, stream: bool, pod_headers: bytes,
                                answer_headers: dict[str, str]) -> Forwarded:
-        """Forward, counting the request in the pod's load and the version's activity (a
-        request without a key: only once the pod's answer is not an error)."""
+        """Forward, counting the request in the pod's load and the version's activity."""
         marker = self._activity.get(version.name) if pool == MAIN_POOL else None
-        keyed = has_bearer(request)
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
-        forwarded: Forwarded | None = None
-        if marker is not None and keyed:
+        if marker is not None:
             marker.begin()
         try:
             if stream and not request.http11:
                 if self._unframed is None:
                     self._unframed = aiohttp.ClientSession(
                         connector=aiohttp.TCPConnector(limit=0, force_close=True))
-                forwarded = await stream_unframed(request, self._unframed, address,
-                                                  answer_headers, self._cache(version),
-                                                  self.config.connect_timeout_seconds,
-                                                  self.config.read_timeout_seconds)
-                return forwarded
-            forwarded = await forward(request, self.clients, address, request.body, stream,
-                                      pod_headers, answer_headers, self._cache(version),
-                                      self.config.read_timeout_seconds)
-            return forwarded
+                return await stream_unframed(request, self._unframed, address,
+                                             answer_headers, self._cache(version),
+                                             self.config.connect_timeout_seconds,
+                                             self.config.read_timeout_seconds)
+            return await forward(request, self.clients, address, request.body, stream,
+                                 pod_headers, answer_headers, self._cache(version),
+                                 self.config.read_timeout_seconds)
         finally:
             left = self._in_flight[address] - 1
             if left > 0:
                 self._in_flight[address] = left
             else:
                 del self._in_flight[address]
-            if marker is not None and keyed:
-                marker.end()
-            elif marker is not None and forwarded is not None and forwarded.status < 400:
-                marker.begin()  # served without a key (an Open service): activity once
+            if marker is not None:
                 marker.end()
 
     async def close(self) -> None:
