@@ -1106,3 +1106,50 @@ async def test_a_pooled_connection_the_engine_closed_while_idle_is_not_written_t
     finally:
         pool.close()
         engine.close()
+
+
+async def test_every_refusal_of_the_servers_own_is_reported(make_server: Make) -> None:
+    """Refusals reach no handler: each is reported to on_refusal with its status and a reason
+    from the bounded list, with the request where there was one."""
+    seen: list[tuple[int, str, str | None]] = []
+
+    def on_refusal(status: int, reason: str, request: Request | None) -> None:
+        seen.append((status, reason, request.path if request is not None else None))
+
+    scene, server, port = await make_server(
+        on_refusal=on_refusal, max_connections=1, probe_reserve=0, head_timeout_seconds=0.2)
+    (status, _, _), = await answer(port, b"POST /guarded HTTP/1.1\r\nHost: x\r\n"
+                                         b"Content-Length: 2\r\n\r\nhi")
+    assert status == 401 and seen[-1] == (401, "invalid_api_key", "/guarded")
+    await until(lambda: not server.connections)  # one at a time: the cap is one
+    (status, _, _), = await answer(port, b"GET / HTTP/1.1\r\nHost: x\r\nX: "
+                                         + b"a" * MAX_HEAD_BYTES + b"\r\n\r\n")
+    assert status == 431 and seen[-1] == (431, "request_header_fields_too_large", None)
+    await until(lambda: not server.connections)
+    (status, _, _), = await answer(port, b"GET / HTTP/1.1\r\nHost: x\r\n"
+                                         b"Content-Length: 1\r\nContent-Length: 2\r\n\r\n")
+    assert status == 400 and seen[-1] == (400, "bad_request", None)
+    await until(lambda: not server.connections)
+    (status, _, _), = await answer(port, b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finished
+    assert status == 408 and seen[-1] == (408, "request_timeout", None)
+    # One connection open, the cap: the next is refused at the connection, before a head.
+    await until(lambda: not server.connections)
+    _, silent = await connect(port)
+    try:
+        await until(lambda: len(server.connections) == 1)
+        (status, _, body), = await answer(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 503 and error_of(body)["code"] == "too_many_connections"
+        assert seen[-1] == (503, "too_many_connections", None)
+    finally:
+        silent.close()
+    assert len(seen) == 5 and scene.seen == []  # no handler ran for any of them
+
+
+async def test_a_refusal_hook_that_fails_does_not_fail_the_answer(make_server: Make) -> None:
+    def broken(status: int, reason: str, request: Request | None) -> None:
+        raise RuntimeError("the metrics backend is broken")
+
+    _, _, port = await make_server(on_refusal=broken)
+    (status, _, _), = await answer(port, b"POST /guarded HTTP/1.1\r\nHost: x\r\n"
+                                         b"Content-Length: 2\r\n\r\nhi")
+    assert status == 401

@@ -692,8 +692,8 @@ async def test_a_keyed_routers_request_without_a_valid_key_wakes_nothing(
             assert_gateways_401(*await chat(scene, headers={**headers, **extra},
                                             content=content))
     assert main_waker._task is None and long_waker._task is None and app.waiting == 0
-    assert counter(app, "glm_router_requests_total", version="-", code="401",
-                   outcome="client_error") == 3 * len(BAD_KEYS)
+    assert counter(app, "glm_router_refusals_total", code="401",
+                   reason="invalid_api_key") == 3 * len(BAD_KEYS)
     held = asyncio.create_task(chat(scene, headers={"authorization": "Bearer k1"}))
     async with asyncio.timeout(5):
         while app.waiting < 1:

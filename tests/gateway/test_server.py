@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestServer
 from glm_operator.gateway.app import Gateway
 from glm_operator.gateway.config import ActivityConfig, GatewayConfig, WakeConfig
 from glm_operator.gateway.wire.server import HttpServer
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @dataclass
@@ -560,3 +561,37 @@ async def test_tokens_per_minute_per_key(engine: tuple[FakeEngine, str], tmp_pat
         assert 'code="429"' in metrics
     finally:
         await client.close()
+
+
+async def test_the_servers_own_refusals_are_counted_and_audited_where_a_key_is_known(
+        engine: tuple[FakeEngine, str], tmp_path: Path) -> None:
+    """A 401 from the head and a 503 of the bytes cap reach no handler: each is counted in
+    glm_gateway_refusals_total (not in the request series: no version served it), and the
+    503, whose key the head check found, is in the audit log as that key's request."""
+    _, url = engine
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "a").write_text("key-a")
+    audit = tmp_path / "audit.jsonl"
+    client = await gateway_client(base_config(url, api_keys_path=keys, audit=str(audit),
+                                              max_buffered_bytes=1000))
+    try:
+        response = await client.post("/v1/chat/completions", json=CHAT)  # no key
+        assert response.status == 401
+        response = await client.post("/v1/chat/completions", data=b" " * 5000,
+                                     headers={"Authorization": "Bearer key-a",
+                                              "Content-Type": "application/json",
+                                              "X-Request-Id": "squat-1"})
+        assert response.status == 503
+        assert (await response.json())["error"]["code"] == "server_busy"
+        metrics = await (await client.get("/metrics")).text()
+    finally:
+        await client.close()
+    refusals = {(sample.labels["code"], sample.labels["reason"]): sample.value
+                for family in text_string_to_metric_families(metrics)
+                for sample in family.samples if sample.name == "glm_gateway_refusals_total"}
+    assert refusals == {("401", "invalid_api_key"): 1, ("503", "server_busy"): 1}, metrics
+    assert "glm_gateway_requests_total{" not in metrics
+    (line,) = [json.loads(text) for text in audit.read_text().splitlines()]
+    assert line["status"] == 503 and line["error_code"] == "server_busy"
+    assert line["request_id"] == "squat-1" and line["key_id"] and "key-a" not in line["key_id"]

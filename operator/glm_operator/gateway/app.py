@@ -131,7 +131,8 @@ class Gateway:
                           max_connections=config.max_connections,
                           max_buffered_bytes=config.max_buffered_bytes,
                           write_stall_timeout_seconds=config.write_stall_timeout_seconds,
-                          drain_seconds=config.drain_seconds)
+                          drain_seconds=config.drain_seconds,
+                          on_refusal=proxy.refused)
 
     async def start(self) -> None:
         """Open the engine session and start the background work (warm-up, probes)."""

@@ -20,6 +20,11 @@ REQUESTS_IN_FLIGHT = "glm_gateway_requests_in_flight"
 # shows here long before its requests end.
 REQUESTS_OVERDUE = "glm_gateway_requests_overdue"
 REQUESTS_QUEUED = "glm_gateway_requests_queued"
+# The HTTP server's own refusals, which reach no handler (a 401 from the key check on the
+# head, 503 too many connections / bytes held / shutting down, 408, 431, 400 bad framing):
+# labels code and reason (wire/messages.py REFUSAL_REASONS). Not in REQUESTS_TOTAL: no
+# version served them.
+REFUSALS_TOTAL = "glm_gateway_refusals_total"
 OVERFLOW_TOTAL = "glm_gateway_overflow_total"  # label outcome
 LONG_CONTEXT_WAKES_TOTAL = "glm_gateway_long_context_wakes_total"
 READY = "glm_gateway_ready"

@@ -79,7 +79,7 @@ def error_response(err: GatewayError, rid: str) -> Response:
     headers = {"Content-Type": JSON, **err.headers()}
     if rid:
         headers["X-Request-Id"] = rid
-    return Response(err.status, err.body(), headers)
+    return Response(err.status, err.body(), headers, reason=err.code)
 
 
 class Proxy:
@@ -148,6 +148,18 @@ class Proxy:
         except GatewayError as err:
             return error_response(err, client_request_id(request.headers))
         return None
+
+    def refused(self, status: int, reason: str, request: Request | None) -> None:
+        """A refusal of the HTTP server's own (wire/server.py `on_refusal`): counted, and,
+        where a key is known (a cap or a timeout after the head check passed), audited as
+        the key's request."""
+        self.metrics.record_refusal(status, reason)
+        if request is None or not request.key_id or not self.audit.enabled:
+            return
+        endpoint: Endpoint = "completions" if request.path == "/v1/completions" else "chat"
+        self.audit.write(AuditRecord(request_id=client_request_id(request.headers),
+                                     endpoint=endpoint, key_id=request.key_id, status=status,
+                                     error_code=reason))
 
     def _take_key_slot(self, call: Call) -> None:
         """One more request running for its key, or the 429 when it has its most."""

@@ -20,6 +20,7 @@ from glm_operator.gateway.metrics import (
     RATE_LIMIT_STORE_ERRORS_TOTAL,
     RATE_LIMIT_STORE_UP,
     READY,
+    REFUSALS_TOTAL,
     REQUEST_DURATION,
     REQUESTS_IN_FLIGHT,
     REQUESTS_OVERDUE,
@@ -47,6 +48,7 @@ class GatewayMetrics:
     overdue: Gauge
     queued: Gauge
     overflow: Counter
+    refusals: Counter
     wakes: Counter
     ready: Gauge
     kv_cache_usage: Gauge
@@ -96,6 +98,10 @@ class GatewayMetrics:
         if completion_tokens:
             self._completion_tokens.inc(completion_tokens)
 
+    def record_refusal(self, status: int, reason: str) -> None:
+        """One refusal of the HTTP server's own (wire/server.py `on_refusal`)."""
+        self.refusals.labels(**self.labels, code=str(status), reason=reason).inc()
+
     @classmethod
     def create(cls, service: str, model_version: str, pool: str) -> GatewayMetrics:
         registry = CollectorRegistry()
@@ -134,6 +140,10 @@ class GatewayMetrics:
             overflow=counter(OVERFLOW_TOTAL,
                              "Requests too long for this pool's context, by outcome.",
                              ("outcome",)),
+            refusals=counter(REFUSALS_TOTAL,
+                             "Requests and connections the HTTP server refused itself, before "
+                             "any handler, by HTTP status code and reason.",
+                             ("code", "reason")),
             wakes=counter(LONG_CONTEXT_WAKES_TOTAL,
                           "Scale-from-zero calls made for the long-context pool."),
             ready=gauge(READY, "1 when /readyz answers 200."),

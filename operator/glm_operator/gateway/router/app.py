@@ -166,7 +166,8 @@ class RouterApp:
                           max_connections=config.max_connections,
                           max_buffered_bytes=config.max_buffered_bytes,
                           write_stall_timeout_seconds=config.write_stall_timeout_seconds,
-                          drain_seconds=config.drain_seconds)
+                          drain_seconds=config.drain_seconds,
+                          on_refusal=self._refused)
 
     # --- inputs from the API server ----------------------------------------------------------
 
@@ -281,15 +282,18 @@ class RouterApp:
     def _refuse_unauthenticated(self, request: Request) -> Response | None:
         """A keyed service's completion request without one of its keys: the gateway's 401
         from the head alone, before its body is read, so before any wake, activity Lease
-        renewal, picker call or relay (dispatch.py). Counted with version "-"; the key is
-        neither logged nor counted."""
+        renewal, picker call or relay (dispatch.py). Counted among the server's refusals
+        (`_refused`); the key is neither logged nor counted."""
         assert self.keys is not None
         try:
             authenticate(self.keys, request.headers)
         except GatewayError as err:
-            self._count("", err.status, err.code, False)
             return error_response_for(err, client_request_id(request.headers))
         return None
+
+    def _refused(self, status: int, reason: str, _request: Request | None) -> None:
+        """One refusal of the HTTP server's own (wire/server.py `on_refusal`)."""
+        self.metrics.refusals.labels(self._service, str(status), reason).inc()
 
     async def _completion(self, request: Request) -> Response | Streamed:
         version_name = ""

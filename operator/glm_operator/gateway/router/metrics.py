@@ -10,6 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # labels version, code (the answer's real status; 499: the client left) and outcome (how it
 # ended, the gateway's REQUEST_OUTCOMES: a stream the pod broke off went out as 200)
 REQUESTS_TOTAL = "glm_router_requests_total"
+# The HTTP server's own refusals, which reach no handler (a 401 of the key check on the
+# head, 503 too many connections / bytes held / shutting down, 408, 431, 400 bad framing):
+# labels code and reason (wire/messages.py REFUSAL_REASONS).
+REFUSALS_TOTAL = "glm_router_refusals_total"
 PICKS_TOTAL = "glm_router_picks_total"  # label reason (PICK_REASONS)
 PICKER_FAILURES_TOTAL = "glm_router_picker_failures_total"  # label reason
 PICK_DURATION = "glm_router_pick_duration_seconds"  # histogram: the picker's answer
@@ -32,6 +36,7 @@ PICK_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05
 class RouterMetrics:
     registry: CollectorRegistry
     requests: Counter
+    refusals: Counter
     picks: Counter
     picker_failures: Counter
     pick_duration: Histogram
@@ -55,6 +60,9 @@ class RouterMetrics:
             requests=counter(REQUESTS_TOTAL,
                              "Requests answered, by version, status and how they ended",
                              "version", "code", "outcome"),
+            refusals=counter(REFUSALS_TOTAL,
+                             "Requests and connections the HTTP server refused itself, before "
+                             "any handler, by status and reason", "code", "reason"),
             picks=counter(PICKS_TOTAL, "How each request's pod was chosen", "reason"),
             picker_failures=counter(PICKER_FAILURES_TOTAL,
                                     "Picker calls that gave no pod, by why", "reason"),

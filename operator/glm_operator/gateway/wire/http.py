@@ -187,7 +187,9 @@ class HttpConnection(asyncio.Protocol):
         if (self._reading and self._task is None and not self._queue
                 and not self.transport.is_closing()):
             self._reading = False
-            self.transport.write(self._framed(self._crowded(), (1, 1), "", keep_alive=False))
+            crowded = self._crowded()
+            self.transport.write(self._framed(crowded, (1, 1), "", keep_alive=False))
+            self._server.refused(crowded, None)
             self._linger_close()
 
     def data_received(self, data: bytes) -> None:
@@ -658,6 +660,7 @@ class HttpConnection(asyncio.Protocol):
             request.keep_alive = False
         if request.refusal is not None:
             self._write(request, request.refusal)
+            server.refused(request.refusal, request if request.method else None)
             return False
         handler = request.handler or server.router.find(request.method, request.path)
         server.in_flight += 1

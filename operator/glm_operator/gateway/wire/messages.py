@@ -58,6 +58,8 @@ class Response:
     # Work that may wait until the answer is on its way (metrics, audit, charging a key's
     # budget): run right after the write, before the connection's next request.
     after: Callable[[], Awaitable[None]] | None = None
+    # An error answer's code (error_response), which a refusal is counted by.
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +87,26 @@ def error_response(status: int, message: str, code: str,
                    type_: str = "invalid_request_error",
                    headers: dict[str, str] | None = None) -> Response:
     """The server's own refusals, in OpenAI's error shape (as openai/errors.py writes it)."""
-    return json_response({"error": {"message": message, "type": type_, "param": None,
-                                    "code": code}}, status, headers)
+    response = json_response({"error": {"message": message, "type": type_, "param": None,
+                                        "code": code}}, status, headers)
+    response.reason = code
+    return response
 
 
 def busy(message: str, code: str) -> Response:
     return error_response(503, message, code, "server_error", {"Retry-After": "1"})
+
+
+# The reasons a server's own refusal is counted by (HttpServer.on_refusal): the codes the
+# wire layer and the head checks answer with, and the 401 of a key check. Anything else is
+# counted as "other", so a label's values stay few whatever a handler returns.
+REFUSAL_REASONS = ("too_many_connections", "server_busy", "shutting_down", "request_timeout",
+                   "request_header_fields_too_large", "bad_request",
+                   "http_version_not_supported", "not_implemented", "method_not_allowed",
+                   "invalid_api_key", "other")
+# What a refusal is reported with: its status, its reason (REFUSAL_REASONS) and the request
+# when there was one (None: refused at the connection, before a head).
+RefusalHook = Callable[[int, str, "Request | None"], None]
 
 
 SHUTTING_DOWN = ("The gateway is shutting down: send the request again (another replica "

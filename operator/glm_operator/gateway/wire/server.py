@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from glm_operator.gateway.wire.http import (
     BODY_TIMEOUT_SECONDS,
@@ -18,7 +19,15 @@ from glm_operator.gateway.wire.http import (
     WRITE_STALL_TIMEOUT_SECONDS,
     HttpConnection,
 )
-from glm_operator.gateway.wire.messages import Router
+from glm_operator.gateway.wire.messages import (
+    REFUSAL_REASONS,
+    RefusalHook,
+    Request,
+    Response,
+    Router,
+)
+
+log = logging.getLogger(__name__)
 
 # Probes (the kubelet's) must not share fate with client connections: 1,024 silent sockets
 # would otherwise make /healthz answer 503 and the kubelet restart the pod (issue 36). Past
@@ -47,8 +56,10 @@ class HttpServer:
                  linger_seconds: float = LINGER_SECONDS,
                  probe_paths: frozenset[str] = PROBE_PATHS,
                  probe_reserve: int = PROBE_RESERVE,
-                 reserve_head_seconds: float = RESERVE_HEAD_SECONDS) -> None:
+                 reserve_head_seconds: float = RESERVE_HEAD_SECONDS,
+                 on_refusal: RefusalHook | None = None) -> None:
         self.router = router
+        self.on_refusal = on_refusal
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.max_buffered_bytes = max_buffered_bytes
@@ -73,6 +84,18 @@ class HttpServer:
         self.in_flight = 0
         self.stopping = False
         self._server: asyncio.Server | None = None
+
+    def refused(self, response: Response, request: Request | None) -> None:
+        """Report one of the server's own refusals (a head check's, a cap's, a timeout's, bad
+        framing) to `on_refusal`: they never reach a handler, and would otherwise be counted
+        nowhere."""
+        if self.on_refusal is None:
+            return
+        reason = response.reason if response.reason in REFUSAL_REASONS else "other"
+        try:
+            self.on_refusal(response.status, reason, request)
+        except Exception:
+            log.exception("counting a refusal failed")
 
     async def start(self, host: str, port: int) -> int:
         """Listen; return the port (a free one when `port` is 0)."""
