@@ -70,6 +70,41 @@ def test_malformed_json_is_400(body: bytes) -> None:
     assert caught.value.code == "invalid_json"
 
 
+GOOD_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b"\xef\xbb\xbf" + json.dumps(GOOD_CHAT).encode(), "byte order mark"),
+    (json.dumps(GOOD_CHAT).encode("utf-16"), "utf-8"),
+    (json.dumps(GOOD_CHAT).encode("utf-16-le"), "send utf-8"),
+    (json.dumps(GOOD_CHAT).encode("utf-32-le"), "send utf-8"),
+    (b'{"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "x"}]}',
+     "temperature: NaN and Infinity are not JSON"),
+    (b'{"model": "m", "top_p": -Infinity, "messages": [{"role": "user", "content": "x"}]}',
+     "top_p: NaN and Infinity are not JSON"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+     "messages[0].content: a lone surrogate"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\udc00"}]}',
+     "lone surrogate"),
+    (b'{"model": "m", "x\\ud83d": 1, "messages": [{"role": "user", "content": "x"}]}',
+     "lone surrogate"),
+])
+def test_json_engines_may_refuse_is_400_saying_why(body: bytes, said: str) -> None:
+    """What Python's json takes and an engine's parser may not (I-JSON, RFC 7493)."""
+    json.loads(body)  # the control: Python's own parser takes every one of these
+    with pytest.raises(GatewayError) as caught:
+        parse_request(body, "chat")
+    assert caught.value.status == 400 and caught.value.code == "invalid_json"
+    assert said.lower() in caught.value.message.lower()
+
+
+def test_a_surrogate_pair_and_an_escaped_backslash_are_fine() -> None:
+    body = (b'{"model": "m", "messages": [{"role": "user", '
+            b'"content": "\\ud83d\\ude00 and \\\\ud800 as text"}]}')
+    assert json.loads(body)["messages"][0]["content"] == "\U0001F600 and \\ud800 as text"
+    assert parse_request(body, "chat").body == body
+
+
 @pytest.mark.parametrize("prompt", [None, 3, [], [1, "a"], [[]], {"text": "x"}])
 def test_bad_completion_prompt(prompt: Any) -> None:
     body = json.dumps({"model": "m", **({} if prompt is None else {"prompt": prompt})}).encode()

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from glm_operator.gateway.openai import strict_json
 from glm_operator.gateway.openai.errors import GatewayError, invalid
 
 Endpoint = Literal["chat", "completions"]
@@ -179,7 +180,10 @@ def parse_request(body: bytes, endpoint: Endpoint,
     name): whatever `model` the client names (`glm-5`, the Hub id, nothing), the engine gets
     that one. vLLM answers 404 to any other name; llama-server ignores the field."""
     try:
-        payload = json.loads(body)
+        payload = strict_json.loads(body)
+    except strict_json.NotInteroperable as exc:
+        raise GatewayError(400, f"The request body is not JSON an engine takes: {exc}",
+                           "invalid_request_error", exc.param, "invalid_json") from None
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise GatewayError(400, f"The request body is not valid JSON: {exc}",
                            "invalid_request_error", None, "invalid_json") from None

@@ -9,10 +9,10 @@ trust (keys are checked by the pods' gateways). The pod gets the client's bytes 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from glm_operator.gateway.openai import strict_json
 from glm_operator.gateway.router.prefix import BLOCK_CHARS, MAX_BLOCKS, prompt_text
 
 PREFIX_CHARS = MAX_BLOCKS * BLOCK_CHARS  # of the prompt's text: all the prefix index reads
@@ -53,7 +53,7 @@ def routed_fields(body: bytes) -> RoutedFields | None:
     """The body's routed fields; None where it is not a JSON object. The decoded JSON never
     leaves this call."""
     try:
-        payload = json.loads(body)
+        payload = strict_json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
     if not isinstance(payload, dict):
