@@ -33,17 +33,30 @@ class FakeEngine:
     ready: asyncio.Event | None = None  # /readyz is 503 until set (a pool that is waking)
     health_status: int = 200  # llama-server: 503 while loading
     health_delay: float = 0.0
+    health_calls: int = 0
+    metrics_calls: int = 0
+    hold: asyncio.Event | None = None  # /health and /metrics wait for it when set
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/props", self.props)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.chat)
         return app
 
+    async def metrics(self, _request: web.Request) -> web.Response:
+        self.metrics_calls += 1
+        if self.hold is not None:
+            await self.hold.wait()
+        return web.Response(text="llamacpp:requests_processing 0\n" * 8000)  # about 256 KiB
+
     async def health(self, _request: web.Request) -> web.Response:
+        self.health_calls += 1
+        if self.hold is not None:
+            await self.hold.wait()
         await asyncio.sleep(self.health_delay)
         if self.health_status != 200:
             return web.json_response({"error": {"code": 503, "message": "Loading model",
@@ -595,3 +608,38 @@ async def test_the_servers_own_refusals_are_counted_and_audited_where_a_key_is_k
     (line,) = [json.loads(text) for text in audit.read_text().splitlines()]
     assert line["status"] == 503 and line["error_code"] == "server_busy"
     assert line["request_id"] == "squat-1" and line["key_id"] and "key-a" not in line["key_id"]
+
+
+async def test_probes_and_engine_metrics_ask_the_engine_once_at_a_time(
+        engine: tuple[FakeEngine, str]) -> None:
+    """Forty clients at once on /metrics/engine and forty on /enginez (no key needed): the
+    engine is asked once each while they wait, and every client gets the whole answer."""
+    fake, url = engine
+    # No KV-cache poll: it reads the engine's /metrics too, on its own clock.
+    client = await gateway_client(base_config(url, kv_cache_poll_seconds=0))
+    try:
+        fake.hold = asyncio.Event()  # the engine answers once every client is waiting
+        health_before, metrics_before = fake.health_calls, fake.metrics_calls
+
+        async def fetch(path: str) -> tuple[int, bytes]:
+            response = await client.get(path)
+            return response.status, await response.read()
+
+        waiting = asyncio.gather(*[fetch(path) for path in ("/metrics/engine",
+                                                             "/enginez") * 40])
+        async with asyncio.timeout(20):
+            while client.server.in_flight < 80:  # every handler is running
+                await asyncio.sleep(0.01)
+        fake.hold.set()
+        answers = await waiting
+        assert fake.metrics_calls - metrics_before == 1
+        assert fake.health_calls - health_before == 1
+        metrics = [body for status, body in answers[0::2] if status == 200]
+        assert len(metrics) == 40 and all(body.count(b"\n") == 8000 for body in metrics)
+        assert all(status == 200 for status, _ in answers[1::2])
+        # Once answered, the next request asks again: the answer is as fresh as the call.
+        assert (await fetch("/metrics/engine"))[0] == 200
+        assert fake.metrics_calls - metrics_before == 2
+    finally:
+        fake.hold = None
+        await client.close()

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from glm_operator.gateway.coalesce import Coalesced
 from glm_operator.gateway.config import GatewayConfig, WakeConfig
 from glm_operator.gateway.openai.errors import GatewayError
 from glm_operator.gateway.policy.audit import AuditLog
@@ -98,6 +99,9 @@ class Gateway:
         metrics.queued.labels(**labels).set_function(self.proxy.queued_now)
         metrics.overdue.labels(**labels).set_function(self.proxy.overdue_now)
         self._ready_gauge = metrics.ready.labels(**labels)
+        # The engine's /health and /metrics, asked at most once at a time (coalesce.py).
+        self._engine_health = Coalesced(self._fetch_engine_health)
+        self._engine_metrics = Coalesced(self._fetch_engine_metrics)
 
     @property
     def activity(self) -> ActivityMarker | None:
@@ -227,8 +231,9 @@ class Gateway:
         if not proxy.engine_slots and isinstance(props.get("total_slots"), int):
             proxy.engine_slots = props["total_slots"]
 
-    async def _engine_health(self) -> tuple[int | None, str]:
-        """The engine's own /health: (its status, its body) or (None, why it did not answer)."""
+    async def _fetch_engine_health(self) -> tuple[int | None, str]:
+        """The engine's own /health: (its status, its body) or (None, why it did not answer).
+        Through `_engine_health` (coalesce.py): one call at a time, shared."""
         timeout = aiohttp.ClientTimeout(total=self.config.engine_health_timeout_seconds)
         try:
             async with self.session.get(self.config.engine_url + "/health",
@@ -281,7 +286,12 @@ class Gateway:
         """The engine's own /metrics (llama.cpp's with --metrics, vLLM's), passed through as
         it wrote them: the engine listens on loopback only, and its prefix-cache hits, queue
         and preemptions are what an operator watches. Prometheus adds namespace and pod; the
-        ServiceMonitor scrapes it as a second endpoint (render/monitoring.py)."""
+        ServiceMonitor scrapes it as a second endpoint (render/monitoring.py). One fetch at a
+        time, shared by the requests that arrive meanwhile (coalesce.py)."""
+        shared = await self._engine_metrics()
+        return Response(shared.status, shared.body, dict(shared.headers))  # framed per client
+
+    async def _fetch_engine_metrics(self) -> Response:
         timeout = aiohttp.ClientTimeout(total=self.config.engine_health_timeout_seconds)
         try:
             async with self.session.get(self.config.engine_url + "/metrics",
