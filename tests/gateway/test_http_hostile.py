@@ -925,9 +925,15 @@ async def test_upgrade_h2c_is_ignored_the_request_answered_then_closed(make_serv
     (b"GET /x HTTP/1.1\r\nHost: x\r\nX-Folded: a\r\n b\r\n\r\n", 400, "bad_request"),
     (b"GET /x HTTP/1.1\nHost: x\n\n", 400, "bad_request"),
     (b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400, "bad_request"),
+    (b"GET /x HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "bad_request"),
+    (b"GET /x HTTP/1.1\r\nHost: user@evil.example\r\n\r\n", 400, "bad_request"),
+    (b"GET /x HTTP/1.1\r\nHost: evil.example/path\r\n\r\n", 400, "bad_request"),
+    (b"GET /x HTTP/1.1\r\nHost: gw:80x\r\n\r\n", 400, "bad_request"),
+    (b"GET /x HTTP/1.0\r\nHost: <script>\r\n\r\n", 400, "bad_request"),
 ], ids=["connect", "no-host", "two-hosts", "gzip-chunked", "gzip", "http2", "http3", "http09",
         "http10-chunked",
-        "cl-te", "te-cl", "two-cl", "two-te", "obs-fold", "bare-lf", "negative-cl"])
+        "cl-te", "te-cl", "two-cl", "two-te", "obs-fold", "bare-lf", "negative-cl",
+        "host-space", "host-userinfo", "host-path", "host-port", "host-http10"])
 async def test_protocol_edges_are_answered_and_closed(
         make_server: Make, request_bytes: bytes, status: int, code: str) -> None:
     scene, _, port = await make_server()
@@ -1153,3 +1159,12 @@ async def test_a_refusal_hook_that_fails_does_not_fail_the_answer(make_server: M
     (status, _, _), = await answer(port, b"POST /guarded HTTP/1.1\r\nHost: x\r\n"
                                          b"Content-Length: 2\r\n\r\nhi")
     assert status == 401
+
+
+@pytest.mark.parametrize("host", [b"gw", b"gw:8080", b"10.0.0.7:80", b"[::1]:8443",
+                                  b"glm-chat.team-a.svc.cluster.local", b"", b"xn--d1acj3b"])
+async def test_a_well_formed_host_is_served(make_server: Make, host: bytes) -> None:
+    scene, _, port = await make_server()
+    (status, _, _), = await answer(port, b"GET /x HTTP/1.1\r\nHost: " + host +
+                                   b"\r\nConnection: close\r\n\r\n")
+    assert status == 200 and len(scene.seen) == 1

@@ -3,7 +3,18 @@ rules a front door enforces before it routes anything (RFC 9112)."""
 
 from __future__ import annotations
 
+import re
+
 from glm_operator.gateway.wire.messages import Response, error_response
+
+# RFC 9110 7.2: Host = uri-host [ ":" port ]; uri-host an IP literal in brackets, or a
+# reg-name / IPv4 address (RFC 3986 3.2.2: unreserved, pct-encoded, sub-delims), possibly
+# empty. Anything else (spaces, control characters, a path, userinfo) is 400.
+_HOST = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(?::[0-9]*)?")
+
+
+def valid_host(host: str | None) -> bool:
+    return host is None or _HOST.fullmatch(host) is not None
 
 
 def head_fault(fault: str | None, http11: bool, method: str, headers: dict[str, str]
@@ -14,6 +25,11 @@ def head_fault(fault: str | None, http11: bool, method: str, headers: dict[str, 
     if http11 and "host" not in headers:
         return error_response(400, "An HTTP/1.1 request must carry a Host header "
                                    "(RFC 9112 3.2).", "bad_request")
+    host = headers.get("host")
+    if host is not None and not valid_host(host):
+        shown = repr(host[:64]) + ("..." if len(host) > 64 else "")
+        return error_response(400, f"The Host header {shown} is not host[:port] "
+                                   "(RFC 9110 7.2).", "bad_request")
     coding = headers.get("transfer-encoding")
     if coding is not None:
         if not http11:

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, cast
 import httptools
 
 from glm_operator.gateway.wire.framing import CLIENT_BUFFER_HIGH, MAX_HEAD_BYTES, head_bytes
-from glm_operator.gateway.wire.head_checks import head_fault
+from glm_operator.gateway.wire.head_checks import head_fault, valid_host
 from glm_operator.gateway.wire.messages import (
     SHUTTING_DOWN,
     Request,
@@ -400,7 +400,7 @@ class HttpConnection(asyncio.Protocol):
         refusal = (head_fault(self._fault, request.http11, method, headers)
                    if self._fault is not None or "transfer-encoding" in headers
                    or method == "CONNECT" or ("host" not in headers and version == "1.1")
-                   else None)
+                   or not valid_host(headers.get("host")) else None)
         handler, head_check = server.router.route(method, path)
         request.handler = handler
         if refusal is None and self._reserve and (
