@@ -22,8 +22,11 @@ from typing import Any
 import pytest
 import redis
 import trustme
+from glm_operator.gateway.call import Call
 from glm_operator.gateway.config import REDIS_PASSWORD_ENV, RateLimitStoreConfig
 from glm_operator.gateway.metrics import RATE_LIMIT_STORE_ERRORS_TOTAL, RATE_LIMIT_STORE_UP
+from glm_operator.gateway.policy.accounting import tokens_to_reserve
+from glm_operator.gateway.policy.audit import AuditRecord
 from glm_operator.gateway.policy.keys import key_id
 from glm_operator.gateway.policy.limits import KeyLimits
 from glm_operator.gateway.policy.ratelimit_store import (
@@ -35,6 +38,7 @@ from glm_operator.gateway.policy.ratelimit_store import (
 )
 
 from e2e.gateway_process import GatewayProcess
+from e2e.kubectl import wait_for
 from e2e.llama import LlamaServer, llama_server_binary
 from e2e.models import TinyLlamaSpec, prompt_of_tokens, write_tiny_llama
 from e2e.redis import RedisServer, TlsFiles, redis_server, start_or_skip
@@ -93,13 +97,16 @@ def start_pools(stack: ExitStack, engine: LlamaServer, keys: Path, store: RedisS
                 engine.url, log_dir, [*common, "--pool", "long-context"], SERVICE, env=env)))
 
 
+def chat_body(max_tokens: int, content: str) -> bytes:
+    return json.dumps({"model": SERVICE, "messages": [{"role": "user", "content": content}],
+                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode()
+
+
 def ask(gateway: GatewayProcess, key: str = KEY, max_tokens: int = 1, content: str = "Hi"
         ) -> tuple[int, dict[str, str], Any]:
     """One chat request: (status, headers, JSON body)."""
-    body = {"model": SERVICE, "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     request = urllib.request.Request(
-        gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+        gateway.url + "/v1/chat/completions", data=chat_body(max_tokens, content),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -149,18 +156,24 @@ def test_two_pools_share_one_token_budget(engine: LlamaServer, keys_dir: Path,
                                           redis_server: RedisServer, tmp_path: Path) -> None:
     """Charged by one pool after its answer, refused by the other.
 
-    The budget refills while the requests run (a little over one token a second here), so
-    how much it holds at the refusal depends on how fast the machine answers. What does not:
-    the stored balance and the time it was stored (Redis's own clock, which the scripts
-    refill by), and that refills only add. So the checks are exact in those terms: the stored
-    balance holds both charges and no more refill than the time since the first request
-    allows, and Retry-After is what that balance, refilled up to the refusal, gives."""
+    Two things move with the machine's speed, and the checks are exact about both rather
+    than bounded by a guess at it. The budget refills while the requests run (a little over
+    one token a second here): by no more than the rate times the time since the first
+    request, on Redis's clock, which the scripts refill by. And a request is taken from the
+    budget as its reservation when admitted and settled to its cost after its answer is
+    written (accounting.py): at the refusal, each of the two earlier requests counts as one
+    or the other. Retry-After lies between what those bounds give; the settled balance holds
+    both costs."""
     status, _, direct = ask_engine(engine)
     cost = direct["usage"]["prompt_tokens"] + direct["usage"]["completion_tokens"]
     # Room for one request and two tokens: the second is admitted on what is left (a balance of
     # one is enough), the third refused until the refill pays the deficit back (a minute).
     per_minute = cost + 2
     rate = per_minute / 60
+    reserved = tokens_to_reserve(Call(AuditRecord("", "chat"), 0.0,
+                                      request_bytes=len(chat_body(16, "Hi")), max_tokens=16),
+                                 per_minute, 0)
+    low, high = sorted((reserved, cost))
     with ExitStack() as stack:
         client = stack.enter_context(direct_client(redis_server))
         main, long_context = start_pools(stack, engine, keys_dir, redis_server, tmp_path,
@@ -171,15 +184,19 @@ def test_two_pools_share_one_token_budget(engine: LlamaServer, keys_dir: Path,
         status, headers, body = ask(main, max_tokens=16)
         refused_by = redis_seconds(client)
         assert status == 429 and body["error"]["type"] == "tokens", body
-        stored = client.hmget(bucket_keys(NAMESPACE, SERVICE, key_id(KEY))[0], "v", "t")
-        balance, stored_at = float(stored[0]), float(stored[1])
-        # Both pools' charges in the one bucket (one charge alone leaves two tokens and more).
-        assert per_minute - 2 * cost <= balance <= \
-            per_minute - 2 * cost + rate * (stored_at - started), (balance, cost)
-        # The refusal refilled the stored balance up to its own moment, at most `refused_by`.
-        latest = balance + rate * (refused_by - stored_at)
-        assert retry_after(latest, rate) <= int(headers["Retry-After"]) <= \
-            retry_after(balance, rate)
+        refill = rate * (refused_by - started)
+        assert retry_after(per_minute - 2 * low + refill, rate) <= int(headers["Retry-After"]) \
+            <= retry_after(per_minute - 2 * high, rate), (reserved, cost, refill)
+
+        def settled() -> tuple[float, float] | None:
+            stored = client.hmget(bucket_keys(NAMESPACE, SERVICE, key_id(KEY))[0], "v", "t")
+            balance, stored_at = float(stored[0]), float(stored[1])
+            # Both pools' costs in the one bucket, refilled by no more than the time allows.
+            return (balance, stored_at) if per_minute - 2 * cost <= balance <= \
+                per_minute - 2 * cost + rate * (stored_at - started) else None
+
+        wait_for(settled, timeout=10, interval=0.05,
+                 what=f"a settled balance of two costs of {cost} tokens")
         assert ask(long_context, OTHER, max_tokens=16)[0] == 200
 
 
