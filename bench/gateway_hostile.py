@@ -17,7 +17,16 @@ Attacks:
   Content-Length 1 MiB, all but the last byte sent;
 - slowloris: a request head one byte every 0.5 s, never finished;
 - authed-partial: as unauth-body, with a valid key (what the buffered-bytes cap is for);
-- idle: connections opened and left silent (the connection cap).
+- idle: connections opened and left silent (the connection cap);
+- pipelined-unread: cheap GETs (/metrics, /healthz) pipelined as fast as the gateway takes
+  them, the answers never read (the answer queue must wait for the client);
+- tiny-chunks: with a valid key, a chunked body of 2-byte chunks, never finished (memory per
+  byte the buffered-bytes cap counts);
+- squat: with a valid key, heads announcing bodies of 1 MiB and 16 KiB, then one byte every
+  10 s (a reservation of the buffered-bytes cap held by bytes never sent).
+The last three open at most PER_ATTACK_CONNECTIONS connections: each needs few to do harm.
+Every attack also records what one other client's POST with a 64 KiB body is answered while
+the attack holds (`victim`): the harm a squat does is to others, not to memory.
 
 The container limit the operator renders for the gateway is 512 MiB: each attack's peak must
 stay under it, and RSS after must come back near its baseline (no growth per wave).
@@ -29,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import statistics
 import tempfile
 import threading
@@ -43,7 +53,14 @@ from e2e.gateway_process import GatewayProcess
 
 KEY = "sk-bench"
 BODY_BYTES = 1 << 20
-ATTACKS = ("header-line", "unauth-body", "slowloris", "authed-partial", "idle")
+ATTACKS = ("header-line", "unauth-body", "slowloris", "authed-partial", "idle",
+           "pipelined-unread", "tiny-chunks", "squat")
+# What each squatter announces: 63 of them leave the 64 MiB cap less room than the other
+# client's body (VICTIM_CONTENT_BYTES) needs, as an attacker who knows the cap would choose.
+SQUAT_BYTES = BODY_BYTES + 16384
+VICTIM_CONTENT_BYTES = 65536  # a prompt of some 16 k tokens
+# The attacks that need only a few connections (squat: 80 announced MiB pass the 64 MiB cap).
+PER_ATTACK_CONNECTIONS = {"pipelined-unread": 3, "tiny-chunks": 5, "squat": 80}
 CONTAINER_LIMIT_MIB = 512
 
 
@@ -57,6 +74,7 @@ class Result:
     rss_after_mib: float
     healthz_max_ms: float
     answers: dict[str, int]  # status line (or "closed"/"reset"/"none") -> connections
+    victim: str  # another client's small POST while the attack held: its status line
 
 
 Attack = Callable[[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Event], Awaitable[None]]
@@ -113,9 +131,49 @@ async def _idle(_reader: asyncio.StreamReader, _writer: asyncio.StreamWriter,
     await stop.wait()
 
 
+async def _pipelined_unread(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                            stop: asyncio.Event) -> None:
+    requests = (b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n"
+                b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n") * 64
+    sent = 0
+    while sent < 100 * BODY_BYTES and not stop.is_set():
+        writer.write(requests)
+        sent += len(requests)
+        await writer.drain()  # waits only while the gateway stops reading
+
+
+async def _tiny_chunks(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       stop: asyncio.Event) -> None:
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece = b"2\r\n  \r\n" * 8192  # 16 KiB of payload in 2-byte chunks
+    for _ in range(BODY_BYTES // 16384):
+        if stop.is_set():
+            return
+        writer.write(piece)
+        await writer.drain()
+
+
+async def _squat(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 stop: asyncio.Event) -> None:
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n{"
+                 % SQUAT_BYTES)
+    await writer.drain()
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 10)
+        if not stop.is_set():
+            writer.write(b" ")
+            await writer.drain()
+
+
 ATTACK_FUNCTIONS: dict[str, Attack] = {
     "header-line": _header_line, "unauth-body": _unauth_body, "slowloris": _slowloris,
-    "authed-partial": _authed_partial, "idle": _idle}
+    "authed-partial": _authed_partial, "idle": _idle, "pipelined-unread": _pipelined_unread,
+    "tiny-chunks": _tiny_chunks, "squat": _squat}
 
 
 async def _first_line(reader: asyncio.StreamReader) -> str:
@@ -163,8 +221,23 @@ async def _attack(port: int, attack: Attack, connections: int, hold: float) -> d
     return {k: v for k, v in answers.items() if v}
 
 
+def _victim(port: int) -> str:
+    """One other client's POST with a 64 KiB body and a valid key: its status line."""
+    message = {"role": "user", "content": "h" * VICTIM_CONTENT_BYTES}
+    body = json.dumps({"model": "bench", "max_tokens": 1, "messages": [message]}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                         b"Authorization: Bearer " + KEY.encode() + b"\r\nConnection: close"
+                         b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body)
+            line = sock.makefile("rb").readline()
+    except OSError as exc:
+        return type(exc).__name__
+    return line.decode("latin-1").strip() or "closed"
+
+
 def _healthz_ms(port: int) -> float:
-    import socket
     started = time.perf_counter()
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -195,16 +268,27 @@ def run_attack(name: str, gateway: GatewayProcess, attack: str, connections: int
                 slowest = max(slowest, _healthz_ms(gateway.port))
             time.sleep(0.05)
 
+    victim = "none"
+
+    def harm_others() -> None:
+        nonlocal victim
+        time.sleep(hold / 2)  # the attack in place
+        victim = _victim(gateway.port)
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    other = threading.Thread(target=harm_others, daemon=True)
+    other.start()
+    connections = min(connections, PER_ATTACK_CONNECTIONS.get(attack, connections))
     answers = asyncio.run(_attack(gateway.port, ATTACK_FUNCTIONS[attack], connections, hold))
+    other.join()
     done.set()
     watcher.join()
     time.sleep(3)
     after = gateway.rss_bytes()
     mib = 1 << 20
     return Result(name, attack, connections, before / mib, peak / mib, after / mib, slowest,
-                  answers)
+                  answers, victim)
 
 
 def run(connections: int, attacks: tuple[str, ...], hold: float,
@@ -235,7 +319,7 @@ def _row(r: Result) -> str:
     answers = ", ".join(f"{count} {line}" for line, count in sorted(r.answers.items()))
     return (f"{r.attack:15} {r.gateway:22} RSS {r.rss_before_mib:6.1f} -> peak "
             f"{r.rss_peak_mib:7.1f} -> after {r.rss_after_mib:6.1f} MiB   /healthz max "
-            f"{r.healthz_max_ms:8.1f} ms   {answers}")
+            f"{r.healthz_max_ms:8.1f} ms   other client: {r.victim}   {answers}")
 
 
 def summary(results: list[Result]) -> str:
