@@ -439,13 +439,11 @@ async def test_probes_are_answered_past_the_connection_cap(make_server: Make) ->
     _, server, port = await make_server(max_connections=64, reserve_head_seconds=0.5)
     held = [await connect(port) for _ in range(64)]
     await until(lambda: len(server.connections) == 64)
-    loop = asyncio.get_running_loop()
     for probe in (b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
                   b"GET /readyz HTTP/1.0\r\n\r\n", b"HEAD /enginez HTTP/1.1\r\nHost: x\r\n\r\n"):
-        began = loop.time()
         status, headers, _ = (await answer(port, probe))[0]
         assert (status, headers.get("x-path")) == (200, probe.split(b" ")[1].decode())
-        assert loop.time() - began < 1.0
+        assert len(server.connections) == 64  # answered while the silent sockets hold the cap
     for other in (b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
                   b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"):
         status, headers, body = (await answer(port, other))[0]
@@ -573,10 +571,11 @@ async def test_a_body_that_trickles_below_the_minimum_rate_gets_408(make_server:
                 await asyncio.sleep(0.1)
 
     trickler = asyncio.create_task(trickle())
-    status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+    status, headers, body = await asyncio.wait_for(read_response(reader), 30)
     assert (status, headers["connection"]) == (408, "close")
+    # The rate's refusal, not the stall's: the trickle never stopped for the body timeout.
     assert "slower than 100 bytes a second" in error_of(body)["message"]
-    assert 0.3 <= loop.time() - began < 2
+    assert loop.time() - began >= 0.3  # never before the body timeout
     trickler.cancel()
     writer.close()
     await until(lambda: not server.connections and server.buffered_bytes == 0)
@@ -858,11 +857,12 @@ async def test_pipelined_answers_nobody_reads_wait_for_the_client(make_server: M
 
     sampler = asyncio.create_task(sample())
     await asyncio.sleep(0.5)
-    loop = asyncio.get_running_loop()
-    began = loop.time()
+    calls = scene.calls
     status, _, _ = (await answer(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
                                        b"Connection: close\r\n\r\n"))[0]
-    assert status == 200 and loop.time() - began < 1.0
+    # Answered while the unread answers still hold the other connection: the probe waited
+    # for nothing of it (no time bound: a loaded machine is slow for both).
+    assert status == 200 and scene.calls == calls and not connection.transport.is_closing()
     sampler.cancel()
     # Held here: one answer past the high-water mark at most. The kernel's socket buffers
     # (up to 4 MiB on Linux) took a few dozen answers; without the wait all 2,000 run.
