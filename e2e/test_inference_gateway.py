@@ -220,10 +220,17 @@ def test_a_pools_picker_starts_on_its_rendered_flags_and_reads_its_pool_with_its
     binding["subjects"][0]["name"] = "narrow"
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "narrow"}}
     kubectl.apply([account, narrow, binding], namespace=namespace)
-    with pytest.raises(EndpointPickerError, match="not SERVING") as caught:
-        PoolPicker(epp_binary, account_kubeconfig(kubectl, namespace, "narrow", tmp_path),
-                   deployment, config, namespace, tmp_path / "narrow").start(timeout=10)
-    assert "inferencepools" in str(caught.value) and "forbidden" in str(caught.value)
+    narrow_picker = PoolPicker(
+        epp_binary, account_kubeconfig(kubectl, namespace, "narrow", tmp_path), deployment,
+        config, namespace, tmp_path / "narrow")
+    with pytest.raises(EndpointPickerError, match="not SERVING"):
+        narrow_picker.start(timeout=10)
+    # The whole log, not the error's tail: the refusal is logged once, at the first list, and
+    # "Pool is not initialized" lines repeat after it for the rest of the wait.
+    log = narrow_picker.log_path.read_text(errors="replace")
+    refusals = [line for line in log.splitlines()
+                if "inferencepools" in line and "forbidden" in line]
+    assert refusals, log[-4000:]
 
 
 class TlsRelay:
