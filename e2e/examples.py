@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 from glm_operator.config import OperatorConfig
-from glm_operator.render.cli import render_documents
 from glm_operator.render.service import Capabilities
+from glm_operator.render_command import render_documents
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -18,7 +18,6 @@ from glm_operator.images import (
     chart_config,
     config_from_values,
     configured_images,
-    inference_gateway_objects,
     merge_values,
     rendered_images,
 )
@@ -28,9 +27,9 @@ from glm_operator.planning.accelerators import (
     builtin_profiles,
     runtime_images,
 )
-from glm_operator.render.cli import render_documents
 from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
 from glm_operator.render.service import Capabilities
+from glm_operator.render_command import render_documents
 from glm_operator.wellknown import API_VERSION
 from render.cases import MODEL_VERSIONS, MULTI_NODE_CASES, service_manifest
 
@@ -110,10 +109,8 @@ def every_rendering(config: OperatorConfig) -> dict[str, set[str]]:
     cases.update({f"{ROUTED.name}+{mode}": with_routing(ROUTED, routing)
                   for mode, routing in ROUTINGS.items()})
     cases["llamacpp-group"] = llamacpp_group_docs()
-    return {name: set(rendered_images([
-                *render_documents(docs, config, namespace="examples",
-                                  capabilities=capabilities),
-                *inference_gateway_objects(docs, config, namespace="examples")]))
+    return {name: set(rendered_images(render_documents(docs, config, namespace="examples",
+                                                       capabilities=capabilities)))
             for name, docs in cases.items()}
 
 
@@ -383,9 +380,8 @@ def every_pod_spec(config: OperatorConfig) -> list[dict[str, Any]]:
     cases += [with_routing(ROUTED, routing) for routing in ROUTINGS.values()]
     cases.append(llamacpp_group_docs())
     return [spec for docs in cases
-            for obj in [*render_documents(docs, config, namespace="examples",
-                                          capabilities=capabilities),
-                        *inference_gateway_objects(docs, config, namespace="examples")]
+            for obj in render_documents(docs, config, namespace="examples",
+                                        capabilities=capabilities)
             for spec in _pod_specs(obj)]
 
 

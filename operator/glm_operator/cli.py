@@ -17,7 +17,8 @@ from glm_operator import __version__
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("glm_operator.controllers.cli", "run the operator (kopf) against the current cluster"),
-    "render": ("glm_operator.render.cli", "print the manifests for a GLMService, offline"),
+    "render": ("glm_operator.render_command",
+               "print every object the operator would create, offline"),
     "plan": ("glm_operator.planning.cli", "print the capacity plan for a GLMService, offline"),
     "images": ("glm_operator.images", "list every image the operator may run, for a mirror"),
     "crds": ("glm_operator.generate", "regenerate the CRD YAML and API reference from the types"),

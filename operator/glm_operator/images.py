@@ -34,7 +34,6 @@ import yaml
 from pydantic.alias_generators import to_camel
 
 from glm_operator import __version__
-from glm_operator.api.glmservice import GLMService
 from glm_operator.config import (
     CONFIG_FILE_ENV,
     ENV_OVERRIDES,
@@ -44,15 +43,15 @@ from glm_operator.config import (
 )
 from glm_operator.planning.accelerators import DEFAULT_IMAGE_REGISTRY
 from glm_operator.planning.architectures import ImageArchitectures, image_architectures, platforms
-from glm_operator.render.cli import GLMSERVICE, MODELVERSION, RenderCommandError, render_documents
-from glm_operator.render.cli import _documents as read_documents
-from glm_operator.render.inference_pool import (
-    INFERENCE_GATEWAY_CRDS,
-    GatewayInputs,
-    build_inference_gateway,
+from glm_operator.render.capabilities import capabilities_of
+from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
+from glm_operator.render_command import (
+    GLMSERVICE,
+    MODELVERSION,
+    RenderCommandError,
+    render_documents,
 )
-from glm_operator.render.service import Capabilities, main_service_name
-from glm_operator.render.traffic import VersionRoute, service_host
+from glm_operator.render_command import _documents as read_documents
 from glm_operator.wellknown import GROUP
 
 # image -> where it is used (human words), the JSON output's "usedBy".
@@ -241,30 +240,6 @@ def _ours(doc: Mapping[str, Any]) -> bool:
             or api_version.split("/")[0] == GROUP)
 
 
-def inference_gateway_objects(docs: list[tuple[str, dict[str, Any]]], config: OperatorConfig,
-                              *, namespace: str) -> list[dict[str, Any]]:
-    """spec.routing.mode InferenceGateway: each service's picker, pool and route for its one
-    version at weight 100. `render_documents` leaves them out (the controller builds them
-    for every live version at once, decide/service.py), but the pickers are images to
-    mirror. The docs were validated by render_documents already."""
-    objects: list[dict[str, Any]] = []
-    for _, doc in docs:
-        if doc.get("kind") != GLMSERVICE:
-            continue
-        svc = GLMService.model_validate(
-            {**doc, "metadata": {"namespace": namespace, **(doc.get("metadata") or {})}})
-        routing = svc.spec.routing
-        if not svc.spec.inference_gateway or routing.gateway_ref is None:
-            continue
-        name, ns = svc.metadata.name or "", svc.metadata.namespace or namespace
-        objects += build_inference_gateway(GatewayInputs(
-            service=name, namespace=ns, gateway=routing.gateway_ref,
-            hostnames=routing.hostnames or [service_host(main_service_name(name), ns, config)],
-            routes=[VersionRoute(svc.spec.model_version, 100)],
-            failure_mode=routing.failure_mode, config=config, owner=None))
-    return objects
-
-
 def images_of_manifests(paths: list[Path], config: OperatorConfig, *,
                         namespace: str) -> Uses:
     """What these GLMServices and ModelVersions render, plus the operator itself. A
@@ -284,9 +259,9 @@ def images_of_manifests(paths: list[Path], config: OperatorConfig, *,
     if not docs:
         raise ImagesCommandError(
             f"no GLMService or ModelVersion in {', '.join(str(p) for p in paths)}")
-    capabilities = Capabilities(inference_crds=frozenset(INFERENCE_GATEWAY_CRDS))
-    objects = render_documents(docs, config, namespace=namespace, capabilities=capabilities)
-    objects += inference_gateway_objects(docs, config, namespace=namespace)
+    # With the inference gateway's CRDs, so that its pickers (images to mirror) are rendered.
+    objects = render_documents(docs, config, namespace=namespace,
+                               capabilities=capabilities_of(INFERENCE_GATEWAY_CRDS))
     uses: Uses = {config.operator_image: ["the operator"]}
     for image, where in rendered_images(objects).items():
         uses.setdefault(image, []).extend(where)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 from glm_operator.config import OperatorConfig
-from glm_operator.render.cli import render_documents
 from glm_operator.render.service import Capabilities
+from glm_operator.render_command import render_documents
 
 from render.invariants import problems
 

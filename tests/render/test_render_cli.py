@@ -83,7 +83,7 @@ def test_operator_config_file_is_used(
 @pytest.mark.parametrize(("docs", "message"), [
     ([offline_service()], "spec.modelVersion 'glm4-9b-q4' is not among the inputs"),
     ([offline_service(contextLength=131072, concurrency=16), mv_manifest("gguf")],
-     r"main pool\) does not fit: needs .* GiB.*Nearest: "),
+     r"Planned=False \(Infeasible\): main pool does not fit: needs .* GiB.*Nearest "),
     ([offline_service(contextLenght=4096), mv_manifest("gguf")],
      "invalid GLMService:\n  spec.contextLenght: Extra inputs are not permitted"),
     ([{**mv_manifest("gguf"), "spec": {**mv_manifest("gguf")["spec"], "facts": None}},

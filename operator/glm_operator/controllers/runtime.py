@@ -25,9 +25,7 @@ from glm_operator.controllers.secrets import SecretNames
 from glm_operator.controllers.wakeups import Wakeups
 from glm_operator.kube.client import KubeClient
 from glm_operator.planning.accelerators import AcceleratorProfile
-from glm_operator.render.groups import LEADER_WORKER_SET_CRD
-from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
-from glm_operator.render.keda import SCALED_OBJECT_CRD
+from glm_operator.render.capabilities import capabilities_served
 from glm_operator.render.service import Capabilities
 
 
@@ -51,16 +49,8 @@ class Runtime:
     def capabilities(self) -> Capabilities:
         """Which optional CRDs are served, each cached for capabilityRecheckSeconds."""
         ttl = self.config.capability_recheck_seconds
-        return Capabilities(
-            service_monitor=self.kube.crd_established("servicemonitors.monitoring.coreos.com",
-                                                      ttl),
-            istio=(self.kube.crd_established("virtualservices.networking.istio.io", ttl)
-                   and self.kube.crd_established("destinationrules.networking.istio.io", ttl)),
-            keda=self.kube.crd_established(SCALED_OBJECT_CRD, ttl),
-            leader_worker_set=self.kube.crd_established(LEADER_WORKER_SET_CRD, ttl),
-            inference_crds=frozenset(crd for crd in INFERENCE_GATEWAY_CRDS
-                                     if self.kube.crd_established(crd, ttl)),
-        )
+        # The same value `glm-operator render --cluster-has` builds (render/capabilities.py).
+        return capabilities_served(lambda crd: self.kube.crd_established(crd, ttl))
 
     def remember_indexes(self, indexes: Mapping[str, Any]) -> None:
         if not self.indexes and "glmservices" in indexes:
