@@ -946,6 +946,39 @@ async def test_protocol_edges_are_answered_and_closed(
     assert scene.seen == []
 
 
+# Chunk-size lines that int(line, 16) took, each with what it took them for: a reader that did
+# would end the body elsewhere and answer the GET behind it as a request of its own.
+LENIENT_SIZES = [(b"0x10", 16), (b"0X10", 16), (b"1_0", 16), (b" 10", 16), (b"10 ", 16),
+                 (b"+10", 16), (b"0x0", 0), (b"-0", 0), (b" 0", 0),
+                 ("\uff10".encode(), 0), (b"10 ;a=b", 16), (b"10\n", 16)]
+LENIENT_IDS = ["0x10", "0X10", "1_0", "lead-space", "trail-space", "plus", "0x0", "minus-0",
+               "space-0", "fullwidth-0", "space-ext", "bare-lf"]
+
+
+def smuggling_body(line: bytes, took: int) -> bytes:
+    """A chunked body whose size line is `line`, the body a lenient reader would have read
+    after it, then a pipelined GET: answered only by a reader that took `line` for `took`."""
+    rest = (b"a" * took + b"\r\n0\r\n\r\n") if took else b"\r\n"
+    return line + (b"" if line.endswith(b"\n") else b"\r\n") + rest + \
+        b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize(("line", "took"), LENIENT_SIZES, ids=LENIENT_IDS)
+async def test_a_lenient_chunk_size_is_400_and_the_connection_closes(
+        make_server: Make, line: bytes, took: int) -> None:
+    """llhttp refuses what RFC 9112 7.1 does not allow (tests/gateway/test_chunk_grammar.py):
+    one 400, reported as bad_request, then the connection closes, and the GET behind the
+    body is never answered as a request of its own: nothing reaches a handler."""
+    seen: list[tuple[int, str]] = []
+    scene, _, port = await make_server(on_refusal=lambda s, r, _: seen.append((s, r)))
+    (status, headers, body), = await answer(  # then the connection's end: no second answer
+        port, b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+              + smuggling_body(line, took))
+    assert (status, headers["connection"]) == (400, "close")
+    assert error_of(body)["code"] == "bad_request" and "chunk size" in error_of(body)["message"]
+    assert seen == [(400, "bad_request")] and scene.seen == []
+
+
 async def test_a_request_and_garbage_in_one_packet_answers_both(make_server: Make) -> None:
     _, _, port = await make_server()
     first, second = await answer(port, b"GET /valid HTTP/1.1\r\nHost: x\r\n\r\n"

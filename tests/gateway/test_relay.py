@@ -78,6 +78,40 @@ def test_chunked_body_boundary_and_bad_framing() -> None:
         ChunkedBody().feed(b"1" * 5000, [])
 
 
+def test_chunked_body_is_strict_where_a_reader_could_disagree() -> None:
+    """RFC 9112 7.1 only (tests/gateway/test_chunk_grammar.py runs it against llhttp): a
+    size int() would take, a bare LF, anything but CRLF after a chunk's data, a trailer
+    line that is not a field line are refused; a trailer and extensions are followed."""
+    for bad in [b"0x5\r\nhello\r\n", b"5\nhello\r\n", b"5\r\nhelloXX", b"5\r\nhello\n",
+                b"5 \r\nhello\r\n", b"+5\r\nhello\r\n", b"0\r\n X: y\r\n\r\n",
+                b"0\r\nX: y\n\r\n", b"1" * 17 + b"\r\n"]:
+        with pytest.raises(EngineProtocolError):
+            ChunkedBody().feed(bad, [])
+    body, out = ChunkedBody(), []
+    framed = b'5;a="b;c"\r\nhello\r\n0;z\r\nX-Count: 3\r\n\r\nNEXT'
+    assert body.feed(framed, out) == len(framed) - 4 and body.complete and out == [b"hello"]
+    with pytest.raises(EngineProtocolError, match="trailer section too large"):
+        ChunkedBody().feed(b"0\r\n" + b"X: %s\r\n" % (b"v" * 4000) * 17, [])
+
+
+def test_a_refused_packet_counts_as_unread() -> None:
+    """What the relay forwarded is the packets before the refused one: the body is between
+    chunks after a refusal if it was before that packet (the relay may then end the client's
+    stream with an error event), and the refused packet's pieces are not handed out."""
+    body, out = ChunkedBody(), []
+    body.feed(b"5\r\nhello\r\n", out)
+    with pytest.raises(EngineProtocolError, match="chunk-size"):
+        body.feed(b"3\r\nabc\r\n0x3\r\nabc\r\n", out)
+    assert body.at_boundary and out == [b"hello"]
+    with pytest.raises(EngineProtocolError, match="refused already"):
+        body.feed(b"0\r\n\r\n", out)
+    body = ChunkedBody()
+    body.feed(b"5\r\nhel", [])
+    with pytest.raises(EngineProtocolError, match="CRLF"):
+        body.feed(b"lo\r\r", [])
+    assert not body.at_boundary  # mid-chunk before that packet: the client must be dropped
+
+
 def test_engine_address() -> None:
     assert EngineAddress.parse("http://127.0.0.1:8080") == EngineAddress(
         "127.0.0.1", 8080, "127.0.0.1:8080")
@@ -545,5 +579,38 @@ async def test_a_stream_the_engine_breaks_off_ends_with_an_error_event(
         assert "incomplete" in last["error"]["message"]
         text = await (await client.get("/metrics")).text()
         assert 'outcome="engine_broken"' in text and 'outcome="completed"' not in text
+    finally:
+        await client.close()
+
+
+async def test_a_lenient_chunk_size_from_the_engine_is_an_engine_error(
+        raw_engine: tuple[list[list[bytes]], str], caplog: pytest.LogCaptureFixture) -> None:
+    """`0x..` took int(line, 16) for a size, while the client's parser refuses it: relayed as
+    it came, the two would disagree on where the body ends. Now the packet is not relayed:
+    the client's stream ends after the last whole chunk with an error event, and the log
+    says why; a whole answer with it is the engine error (503) naming the line."""
+    script, url = raw_engine
+    client = await relay_gateway(url)
+    try:
+        head = SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+        first = b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0])
+        script.append([head + first, b"0x%x\r\n%b\r\n" % (len(EVENTS[1]), EVENTS[1])])
+        async with aiohttp.ClientSession() as session, \
+                session.post(client.url + "/v1/chat/completions",
+                             json={**CHAT, "stream": True}) as response, \
+                asyncio.timeout(10):
+            body = await response.read()
+        assert body.startswith(EVENTS[0]) and b"0x" not in body and b"[DONE]" not in body
+        assert json.loads(body[len(EVENTS[0]):].removeprefix(b"data: "))["error"]["code"] \
+            == "engine_stream_broken"
+        assert any("bad chunk-size line b'0x" in r.getMessage() for r in caplog.records)
+
+        error = json.dumps({"error": {"code": 500, "message": "boom"}}).encode()
+        script.append([b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json"
+                       b"\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n" + error[:16]
+                       + b"\r\n0\r\n\r\n"])
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status == 503
+        assert "bad chunk-size line b'1_0'" in (await response.json())["error"]["message"]
     finally:
         await client.close()

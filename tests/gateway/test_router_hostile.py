@@ -15,7 +15,8 @@ import pytest
 from glm_operator.gateway.wire.messages import Request, Response, Streamed
 
 from .test_http import read_response
-from .test_router import PodGateway, Scene, table_json
+from .test_http_hostile import LENIENT_IDS, LENIENT_SIZES, smuggling_body
+from .test_router import PodGateway, Scene, counter, table_json
 
 LIMIT = 100_000
 
@@ -108,6 +109,27 @@ async def test_a_chunked_body_past_the_limit_is_refused_as_it_arrives(scene: Sce
     status, _, _ = await asyncio.wait_for(read_response(reader), 10)
     writer.close()
     assert status == 413
+    assert not scene.pods["a"].seen
+
+
+@pytest.mark.parametrize(("line", "took"), LENIENT_SIZES, ids=LENIENT_IDS)
+async def test_a_lenient_chunk_size_is_400_and_the_connection_closes(
+        scene: Scene, line: bytes, took: int) -> None:
+    """As the gateway (test_http_hostile.py): one 400, counted as bad_request, the connection
+    closed, and the GET hidden behind the body never answered; the pod sees nothing."""
+    port = await routed(scene)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n" + smuggling_body(line, took))
+    try:
+        async with asyncio.timeout(10):
+            status, headers, body = await read_response(reader)
+            assert await reader.read() == b"", "one answer, then the connection's end"
+    finally:
+        writer.close()
+    assert (status, headers["connection"], code_of(body)) == (400, "close", "bad_request")
+    assert scene.app is not None and counter(
+        scene.app, "glm_router_refusals_total", code="400", reason="bad_request") == 1
     assert not scene.pods["a"].seen
 
 
