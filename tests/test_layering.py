@@ -23,6 +23,9 @@ FORBIDDEN = {
     "fetch": {"planning", "render", "decide", "controllers"},
     "analysis": {"decide", "controllers", "kube", "render"},
     "gateway": {"planning", "render", "decide", "controllers", "fetch", "analysis"},
+    # The conversion webhook: HTTPS around api/conversion.py, nothing else of the operator.
+    "webhook": {"planning", "render", "decide", "controllers", "kube", "fetch", "gateway",
+                "analysis"},
 }
 
 # Who may talk to the API server: the controllers, the gateway's long-context pool (it wakes

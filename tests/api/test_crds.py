@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def spec_schema(definition: dict[str, Any]) -> dict[str, Any]:
-    schema: dict[str, Any] = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    """The storage version's schema."""
+    storage = next(v for v in definition["spec"]["versions"] if v["storage"])
+    schema: dict[str, Any] = storage["schema"]["openAPIV3Schema"]
     return schema
 
 
@@ -177,3 +179,101 @@ def test_api_reference_documents_the_version_fields() -> None:
     assert "EngineFormatMismatch" in text
     assert "### `spec.autoscaling.targets`" in text
     assert "self.isSorted()" in text
+
+
+# --- versions and conversion ----------------------------------------------------------------
+
+
+def _two_versions(**changes: Any) -> Any:
+    """A GLMService kind served at two versions of different schemas, as v1alpha2 makes it."""
+    from glm_operator.api.crdgen import (
+        GLMSERVICE_V1ALPHA1_COLUMNS,
+        ConversionWebhook,
+        Kind,
+        Version,
+    )
+    from glm_operator.api.glmservice import GLMService, GLMServiceSpec
+    from glm_operator.api.glmservice_status import GLMServiceStatus
+    from glm_operator.api.modelversion import ModelVersionSpec
+
+    fields: dict[str, Any] = {
+        "kind": "GLMService", "plural": "glmservices", "short_names": ("glms",),
+        "model": GLMService, "scale": True, "conversion": ConversionWebhook(),
+        "versions": (
+            Version("v1alpha1", GLMServiceSpec, GLMServiceStatus, GLMSERVICE_V1ALPHA1_COLUMNS),
+            # Any other schema stands in for v1alpha2 here.
+            Version("v1alpha2", ModelVersionSpec, GLMServiceStatus,
+                    GLMSERVICE_V1ALPHA1_COLUMNS[:2], storage=True),
+        ),
+    }
+    fields.update(changes)
+    return Kind(**fields)
+
+
+def test_each_version_has_its_schema_and_columns_and_one_is_stored() -> None:
+    definition = crd(_two_versions())
+    versions = {v["name"]: v for v in definition["spec"]["versions"]}
+    assert [v["name"] for v in definition["spec"]["versions"]] == ["v1alpha1", "v1alpha2"]
+    assert (versions["v1alpha1"]["served"], versions["v1alpha1"]["storage"]) == (True, False)
+    assert (versions["v1alpha2"]["served"], versions["v1alpha2"]["storage"]) == (True, True)
+    v1 = versions["v1alpha1"]["schema"]["openAPIV3Schema"]
+    v2 = versions["v1alpha2"]["schema"]["openAPIV3Schema"]
+    assert "contextLength" in v1["properties"]["spec"]["properties"]
+    assert "source" in v2["properties"]["spec"]["properties"]
+    assert v1["properties"]["apiVersion"]["description"] == "serving.glm-operator.dev/v1alpha1"
+    assert v2["properties"]["apiVersion"]["description"] == "serving.glm-operator.dev/v1alpha2"
+    assert len(versions["v1alpha1"]["additionalPrinterColumns"]) == 11
+    assert len(versions["v1alpha2"]["additionalPrinterColumns"]) == 2
+    for version in versions.values():
+        assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
+    assert crd_errors(definition) == []
+
+
+def test_the_conversion_webhook_block() -> None:
+    conversion = crd(_two_versions())["spec"]["conversion"]
+    assert conversion == {
+        "strategy": "Webhook",
+        "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": {"service": {"name": "glm-operator-webhook",
+                                         "namespace": "glm-operator",
+                                         "path": "/convert", "port": 443}},
+        },
+    }
+
+
+def test_versions_of_one_schema_need_no_webhook() -> None:
+    from glm_operator.api.crdgen import Version
+
+    same = MODELVERSION_KIND.versions[0]
+    kind = _two_versions(conversion=None, versions=(
+        Version("v1alpha1", same.spec, same.status, same.columns),
+        Version("v1alpha2", same.spec, same.status, same.columns, storage=True)))
+    definition = crd(kind)
+    assert "conversion" not in definition["spec"]
+    assert crd_errors(definition) == []
+
+
+def test_bad_version_sets_are_refused() -> None:
+    from glm_operator.api.crdgen import Version
+
+    v1, v2 = _two_versions().versions
+    with pytest.raises(ValueError, match="exactly one storage version"):
+        _two_versions(versions=(v1, Version("v1alpha2", v2.spec, v2.status, v2.columns)))
+    with pytest.raises(ValueError, match="need a conversion webhook"):
+        _two_versions(conversion=None)
+    with pytest.raises(ValueError, match="must be served"):
+        _two_versions(versions=(v1, Version("v1alpha2", v2.spec, v2.status, v2.columns,
+                                            storage=True, served=False)))
+
+
+def test_crd_errors_checks_every_version() -> None:
+    definition = crd(_two_versions())
+    first = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    first["properties"]["spec"]["properties"]["loose"] = {"type": "string"}
+    del definition["spec"]["conversion"]
+    definition["spec"]["versions"][0]["storage"] = True
+    errors = crd_errors(definition)
+    assert "v1alpha1: .spec.loose: string without maxLength" in errors
+    assert "exactly one storage version, got ['v1alpha1', 'v1alpha2']" in errors
+    assert "versions of different schemas without a conversion webhook" in errors

@@ -9,13 +9,14 @@ type change that cannot be expressed fails here, not when the CRD is applied.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
-from glm_operator.api.base import API_VERSION, GROUP, VERSION
+from glm_operator.api.base import GROUP
 from glm_operator.api.glmservice import GLMService, GLMServiceSpec
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.modelversion import ModelVersion, ModelVersionSpec, ModelVersionStatus
@@ -146,22 +147,96 @@ class PrinterColumn:
 
 
 @dataclass(frozen=True)
+class Version:
+    """One served version of a kind: its schema's types and its printer columns."""
+
+    name: str
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    columns: tuple[PrinterColumn, ...]
+    storage: bool = False
+    served: bool = True
+
+
+@dataclass(frozen=True)
+class ConversionWebhook:
+    """`spec.conversion` of a kind whose versions differ in shape: the API server calls the
+    operator's webhook (glm_operator/webhook/) to convert between them.
+
+    The service written here is the chart's for its documented release, `glm-operator` in
+    the namespace `glm-operator` (`<fullname>-webhook`), without a caBundle: the chart's CRD
+    template puts its own release's service and CA in their place
+    (charts/glm-operator/templates/crds.yaml); whoever applies crds/ by hand sets them
+    (docs/install.md#crds-applied-by-hand-and-the-conversion-webhook)."""
+
+    service_name: str = "glm-operator-webhook"
+    service_namespace: str = "glm-operator"
+    path: str = "/convert"
+    port: int = 443
+
+    def as_dict(self) -> Schema:
+        return {
+            "strategy": "Webhook",
+            "webhook": {
+                "conversionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "service": {
+                        "name": self.service_name,
+                        "namespace": self.service_namespace,
+                        "path": self.path,
+                        "port": self.port,
+                    },
+                },
+            },
+        }
+
+
+@dataclass(frozen=True)
 class Kind:
-    """Everything that makes one CRD besides the schema."""
+    """Everything that makes one CRD: names, versions, subresources, conversion."""
 
     kind: str
     plural: str
     short_names: tuple[str, ...]
     model: type[BaseModel]
-    spec: type[BaseModel]
-    status: type[BaseModel]
-    columns: tuple[PrinterColumn, ...]
+    versions: tuple[Version, ...]
     scale: bool = False
     categories: tuple[str, ...] = ("glm",)
+    # None: the versions share one schema, and the API server converts by rewriting
+    # apiVersion (strategy None).
+    conversion: ConversionWebhook | None = None
+
+    def __post_init__(self) -> None:
+        storage = [v.name for v in self.versions if v.storage]
+        if len(storage) != 1:
+            raise ValueError(f"{self.kind}: exactly one storage version, got {storage}")
+        if not all(v.served for v in self.versions if v.storage):
+            raise ValueError(f"{self.kind}: the storage version must be served")
+        schemas = {(v.spec, v.status) for v in self.versions}
+        if len(schemas) > 1 and self.conversion is None:
+            raise ValueError(f"{self.kind}: versions of different schemas need a conversion "
+                             "webhook")
 
     @property
     def crd_name(self) -> str:
         return f"{self.plural}.{GROUP}"
+
+    @property
+    def storage_version(self) -> Version:
+        return next(v for v in self.versions if v.storage)
+
+    # The storage version's types and columns: what docs/api.md documents.
+    @property
+    def spec(self) -> type[BaseModel]:
+        return self.storage_version.spec
+
+    @property
+    def status(self) -> type[BaseModel]:
+        return self.storage_version.status
+
+    @property
+    def columns(self) -> tuple[PrinterColumn, ...]:
+        return self.storage_version.columns
 
 
 READY_COLUMN = PrinterColumn(
@@ -169,63 +244,68 @@ READY_COLUMN = PrinterColumn(
 )
 AGE_COLUMN = PrinterColumn("Age", ".metadata.creationTimestamp", type="date")
 
+GLMSERVICE_V1ALPHA1_COLUMNS = (
+    READY_COLUMN,
+    PrinterColumn("Engine", ".status.plan.engine", description="Planned engine"),
+    PrinterColumn("Accelerator", ".spec.accelerator.profile"),
+    PrinterColumn("Model version", ".spec.modelVersion", description="Wanted version"),
+    PrinterColumn("Stable", ".status.stableModelVersion", priority=1),
+    PrinterColumn("Ready replicas", ".status.readyReplicas", type="integer"),
+    PrinterColumn("Canary weight", ".status.canaryWeight", type="integer"),
+    PrinterColumn("Canary ready", ".status.canaryReadyReplicas", type="integer", priority=1),
+    PrinterColumn("Context", ".spec.contextLength", type="integer", priority=1),
+    PrinterColumn("Endpoint", ".status.endpoint", priority=1),
+    AGE_COLUMN,
+)
 GLMSERVICE_KIND = Kind(
     kind="GLMService",
     plural="glmservices",
     short_names=("glms",),
     model=GLMService,
-    spec=GLMServiceSpec,
-    status=GLMServiceStatus,
-    scale=True,
-    columns=(
-        READY_COLUMN,
-        PrinterColumn("Engine", ".status.plan.engine", description="Planned engine"),
-        PrinterColumn("Accelerator", ".spec.accelerator.profile"),
-        PrinterColumn("Model version", ".spec.modelVersion", description="Wanted version"),
-        PrinterColumn("Stable", ".status.stableModelVersion", priority=1),
-        PrinterColumn("Ready replicas", ".status.readyReplicas", type="integer"),
-        PrinterColumn("Canary weight", ".status.canaryWeight", type="integer"),
-        PrinterColumn("Canary ready", ".status.canaryReadyReplicas", type="integer",
-                      priority=1),
-        PrinterColumn("Context", ".spec.contextLength", type="integer", priority=1),
-        PrinterColumn("Endpoint", ".status.endpoint", priority=1),
-        AGE_COLUMN,
+    versions=(
+        Version("v1alpha1", GLMServiceSpec, GLMServiceStatus, GLMSERVICE_V1ALPHA1_COLUMNS,
+                storage=True),
     ),
+    scale=True,
+)
+MODELVERSION_COLUMNS = (
+    PrinterColumn("Phase", ".status.phase"),
+    PrinterColumn("Progress", ".status.progress.summary",
+                  description="The fetch Job's download: done/total, rate, ETA"),
+    PrinterColumn("Format", ".spec.format"),
+    PrinterColumn("Quantization", ".spec.quantization"),
+    PrinterColumn("Architecture", ".spec.architecture"),
+    PrinterColumn("Size", ".status.sizeBytes", type="integer", description="Bytes"),
+    PrinterColumn("Source", ".spec.source.uri", priority=1),
+    AGE_COLUMN,
 )
 MODELVERSION_KIND = Kind(
     kind="ModelVersion",
     plural="modelversions",
     short_names=("mv",),
     model=ModelVersion,
-    spec=ModelVersionSpec,
-    status=ModelVersionStatus,
-    columns=(
-        PrinterColumn("Phase", ".status.phase"),
-        PrinterColumn("Progress", ".status.progress.summary",
-                      description="The fetch Job's download: done/total, rate, ETA"),
-        PrinterColumn("Format", ".spec.format"),
-        PrinterColumn("Quantization", ".spec.quantization"),
-        PrinterColumn("Architecture", ".spec.architecture"),
-        PrinterColumn("Size", ".status.sizeBytes", type="integer", description="Bytes"),
-        PrinterColumn("Source", ".spec.source.uri", priority=1),
-        AGE_COLUMN,
+    versions=(
+        Version("v1alpha1", ModelVersionSpec, ModelVersionStatus, MODELVERSION_COLUMNS,
+                storage=True),
     ),
 )
 KINDS: tuple[Kind, ...] = (GLMSERVICE_KIND, MODELVERSION_KIND)
 
 
-def object_schema(kind: Kind) -> Schema:
-    """The openAPIV3Schema of one kind: apiVersion, kind, metadata, spec, status."""
-    spec = structural_schema(kind.spec)
-    spec["description"] = (kind.spec.__doc__ or "").strip().splitlines()[0]
-    status = structural_schema(kind.status, drop_defaults=True)
-    status["description"] = (kind.status.__doc__ or "").strip().splitlines()[0]
+def object_schema(kind: Kind, version: Version | None = None) -> Schema:
+    """The openAPIV3Schema of one version of a kind (default: the storage version):
+    apiVersion, kind, metadata, spec, status."""
+    version = version or kind.storage_version
+    spec = structural_schema(version.spec)
+    spec["description"] = (version.spec.__doc__ or "").strip().splitlines()[0]
+    status = structural_schema(version.status, drop_defaults=True)
+    status["description"] = (version.status.__doc__ or "").strip().splitlines()[0]
     return {
         "type": "object",
         "description": _kind_description(kind),
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": API_VERSION},
+            "apiVersion": {"type": "string", "description": f"{GROUP}/{version.name}"},
             "kind": {"type": "string", "description": kind.kind},
             "metadata": {"type": "object"},
             "spec": spec,
@@ -249,6 +329,31 @@ def crd(kind: Kind) -> Schema:
             "statusReplicasPath": ".status.replicas",
             "labelSelectorPath": ".status.selector",
         }
+    spec: Schema = {
+        "group": GROUP,
+        "scope": "Namespaced",
+        "names": {
+            "kind": kind.kind,
+            "listKind": f"{kind.kind}List",
+            "plural": kind.plural,
+            "singular": kind.kind.lower(),
+            "shortNames": list(kind.short_names),
+            "categories": list(kind.categories),
+        },
+    }
+    if kind.conversion is not None:
+        spec["conversion"] = kind.conversion.as_dict()
+    spec["versions"] = [
+        {
+            "name": version.name,
+            "served": version.served,
+            "storage": version.storage,
+            "schema": {"openAPIV3Schema": object_schema(kind, version)},
+            "subresources": subresources,
+            "additionalPrinterColumns": [c.as_dict() for c in version.columns],
+        }
+        for version in kind.versions
+    ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -259,28 +364,7 @@ def crd(kind: Kind) -> Schema:
                 "app.kubernetes.io/part-of": "glm-operator",
             },
         },
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": kind.kind,
-                "listKind": f"{kind.kind}List",
-                "plural": kind.plural,
-                "singular": kind.kind.lower(),
-                "shortNames": list(kind.short_names),
-                "categories": list(kind.categories),
-            },
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": object_schema(kind)},
-                    "subresources": subresources,
-                    "additionalPrinterColumns": [c.as_dict() for c in kind.columns],
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -325,11 +409,39 @@ def structural_errors(schema: Schema, path: str = "", *, bounded: bool = True) -
 
 
 def crd_errors(definition: Schema) -> list[str]:
-    """Structural errors of a CRD: spec strictly bounded, status only structural."""
-    schema = definition["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    errors = structural_errors({**schema, "properties": {}, "required": []}, "")
-    errors += structural_errors(schema["properties"]["spec"], ".spec")
-    errors += structural_errors(schema["properties"]["status"], ".status", bounded=False)
+    """Structural errors of a CRD, version by version: spec strictly bounded, status only
+    structural; and the versions themselves (one storage version, served, names unique)."""
+    errors: list[str] = []
+    versions = definition["spec"]["versions"]
+    names = [v["name"] for v in versions]
+    if len(set(names)) != len(names):
+        errors.append(f"versions named twice: {names}")
+    storage = [v["name"] for v in versions if v.get("storage")]
+    if len(storage) != 1:
+        errors.append(f"exactly one storage version, got {storage}")
+    for version in versions:
+        name = version["name"]
+        if version.get("storage") and not version.get("served"):
+            errors.append(f"{name}: the storage version is not served")
+        schema = version["schema"]["openAPIV3Schema"]
+        errors += [f"{name}: {e}" for e in
+                   structural_errors({**schema, "properties": {}, "required": []}, "")]
+        errors += [f"{name}: {e}" for e in
+                   structural_errors(schema["properties"]["spec"], ".spec")]
+        errors += [f"{name}: {e}" for e in
+                   structural_errors(schema["properties"]["status"], ".status", bounded=False)]
+    conversion = definition["spec"].get("conversion", {"strategy": "None"})
+    schemas = {json.dumps([v["schema"]["openAPIV3Schema"]["properties"][part]
+                           for part in ("spec", "status")], sort_keys=True)
+               for v in versions}
+    if len(schemas) > 1 and conversion.get("strategy") != "Webhook":
+        errors.append("versions of different schemas without a conversion webhook")
+    if conversion.get("strategy") == "Webhook":
+        webhook = conversion.get("webhook", {})
+        if "v1" not in webhook.get("conversionReviewVersions", []):
+            errors.append("conversion webhook without conversionReviewVersions v1")
+        if "service" not in webhook.get("clientConfig", {}):
+            errors.append("conversion webhook without clientConfig.service")
     return errors
 
 

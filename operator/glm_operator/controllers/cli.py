@@ -26,6 +26,7 @@ from glm_operator.controllers.scope import NamespaceScope
 from glm_operator.controllers.scope import configure as configure_scope
 from glm_operator.kube.client import KubeClient, kubeconfig_connection
 from glm_operator.kube.lease import LeaderElector, LeaseSettings, default_identity
+from glm_operator.webhook.server import WebhookServer
 from glm_operator.wellknown import PREFIX
 
 # Exit status of a leader that lost its Lease: the pod restarts and comes back as a follower.
@@ -49,6 +50,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, default=8082,
                         help="port of the operator's Prometheus metrics (0 to disable)")
     parser.add_argument("--log-format", choices=("plain", "json"), default="plain")
+    webhook = parser.add_argument_group(
+        "conversion webhook", "HTTPS POST /convert for the API server, served by every "
+                              "replica (docs/install.md#upgrading-from-v1alpha1)")
+    webhook.add_argument("--webhook-port", type=int, default=0,
+                         help="port of the conversion webhook (0, the default: not served)")
+    webhook.add_argument("--webhook-bind", default="0.0.0.0",
+                         help="address the conversion webhook listens on (default 0.0.0.0)")
+    webhook.add_argument("--webhook-cert-file", type=Path,
+                         default=Path("/etc/glm-operator-webhook/tls.crt"),
+                         help="its certificate (PEM; read again when the file changes)")
+    webhook.add_argument("--webhook-key-file", type=Path,
+                         default=Path("/etc/glm-operator-webhook/tls.key"),
+                         help="its private key (PEM)")
     parser.add_argument("--workers", type=int, default=16, help="reconcile threads")
     parser.add_argument("--resync-seconds", type=float, default=300,
                         help="backstop re-check of every GLMService (reads memory, writes drift)")
@@ -93,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     _configure_logging(args)
     if args.metrics_port:
         start_http_server(args.metrics_port)
+    if args.webhook_port:
+        # Before leader election: the API server calls any replica behind the Service.
+        WebhookServer(args.webhook_bind, args.webhook_port, args.webhook_cert_file,
+                      args.webhook_key_file).start()
 
     if elector is not None:
         stop = threading.Event()
