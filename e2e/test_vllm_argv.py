@@ -58,7 +58,12 @@ FLAGS: dict[str, tuple[Any, bool]] = {
     "--reasoning-parser": (str, True),
     # MTP speculative decoding: the JSON object vLLM parsed, key by key
     "--speculative-config": (_json_object, True),
+    # issue 38's layouts: DEP (data-parallel attention, expert parallel) and DCP
+    "--data-parallel-size": (int, True),
+    "--decode-context-parallel-size": (int, True),
 }
+SWITCHES = {"--enable-auto-tool-choice": ("namespace", "enable_auto_tool_choice"),
+            "--enable-expert-parallel": ("engine", "enable_expert_parallel")}
 
 
 def _pod_specs(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -109,6 +114,30 @@ def example_cases() -> dict[str, list[str]]:
     return cases
 
 
+def layout_cases() -> dict[str, list[str]]:
+    """GLM-5 on 8 x H200 in each layout the planner weighs (planning/planner.py LAYOUTS), as
+    `vllm_argv` renders them: no golden holds DEP or DCP yet."""
+    from glm_operator.planning.facts import ArchitectureFacts
+    from glm_operator.planning.planner import LAYOUTS, PlanRequest, plan
+    from glm_operator.render.engine_args import vllm_argv
+
+    glm5 = ArchitectureFacts(
+        architecture="glm-dsa", block_count=78, embedding_length=6144, head_count=64,
+        head_count_kv=1, key_length=576, value_length=512, context_length=202752,
+        kv_lora_rank=512, rope_dimension_count=64, indexer_head_count=32,
+        indexer_key_length=128, nextn_predict_layers=1, expert_count=256, expert_used_count=8,
+        parameter_count=744_000_000_000, vocab_size=154880, feed_forward_length=12288,
+        expert_feed_forward_length=2048, leading_dense_block_count=3)
+    cases: dict[str, list[str]] = {}
+    for layout in LAYOUTS:
+        p = plan(PlanRequest(facts=glm5, quantization="fp8", engine="vllm",
+                             accelerator="nvidia-h200", count=8, context_length=131072,
+                             concurrency=4, layout=layout))
+        assert p.feasible and p.vllm is not None and p.vllm.layout == layout, p.reason
+        cases[f"layout:{layout}"] = vllm_argv(p, "/models/glm-5", 8000, "glm-5")
+    return cases
+
+
 def flag_values(argv: list[str]) -> dict[str, str | None]:
     """--flag -> its value (None for a switch), from `vllm serve MODEL --flag value ...`."""
     values: dict[str, str | None] = {}
@@ -133,7 +162,7 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="module")
 def cases() -> dict[str, list[str]]:
-    found = {**golden_cases(), **example_cases()}
+    found = {**golden_cases(), **example_cases(), **layout_cases()}
     # What the renderer makes today; a golden or example gone silently would shrink the check.
     assert any("groups-vllm" in c for c in found) and any("lws-vllm" in c for c in found)
     assert any("910b" in c for c in found) and any(c.startswith("examples/") for c in found)
@@ -201,7 +230,7 @@ def test_vllm_reads_the_values_the_plan_rendered(
         engine_args, namespace = result["engine_args"], result["namespace"]
         assert engine_args["model"] == parsed["model_dir"], case  # the model path argument
         flags = flag_values(argv)
-        unchecked = set(flags) - set(FLAGS) - {"--enable-auto-tool-choice"}
+        unchecked = set(flags) - set(FLAGS) - set(SWITCHES)
         assert not unchecked, f"{case}: add {sorted(unchecked)} to FLAGS"
         for flag, value in flags.items():
             if flag not in FLAGS or value is None:
@@ -215,8 +244,9 @@ def test_vllm_reads_the_values_the_plan_rendered(
                 if isinstance(seen, list):  # --served-model-name takes several names
                     seen = seen[0]
                 assert kind(seen) == kind(value), f"{case}: {flag} {value} -> {where} {seen!r}"
-        if "--enable-auto-tool-choice" in flags:
-            assert namespace["enable_auto_tool_choice"] is True, case
+        for switch, (where, dest) in SWITCHES.items():
+            if switch in flags:
+                assert (engine_args if where == "engine" else namespace)[dest] is True, case
         # Every multi-node vLLM argv spans nodes through Ray (engine_args.py says why).
         if int(flags.get("--pipeline-parallel-size") or 1) > 1:
             assert engine_args["distributed_executor_backend"] == "ray", case

@@ -103,7 +103,11 @@ def test_glm5_plans_mla_kv_on_vllm_through_the_operator() -> None:
     # plus the indexer's fp8 keys with one f32 scale per 128, 128 + 4 = 132 bytes:
     # 79 x (1152 + 132) = 101436 bytes per token. Reading config.json's 64 KV heads as GQA
     # (K 192 + 64, V 256 per head) would say 79 x 64 x 512 x 2 = 5177344.
-    assert result.kv_bytes_per_token == 79 * (1152 + 132) == 101436
+    assert mem.vllm_kv_bytes_per_token(facts, "auto") == 79 * (1152 + 132) == 101436
+    # The GLM-5 family's default on an fp8 device is the recipes' fp8 KV cache (issue 38):
+    # the latent in one byte per value, the indexer's cache as it was
+    assert result.vllm is not None and result.vllm.kv_cache_dtype == "fp8"
+    assert result.kv_bytes_per_token == 79 * (576 + 132) == 55932
     # one latent head, replicated on all 8 TP ranks: a rank holds the whole 101436 bytes
     assert mem.vllm_kv_bytes_per_token(facts, "auto", kv_heads_share=Fraction(1, 8)) == 101436
     # llama.cpp (f16, no nextn KV): 78 x (576 + 128) x 2 = 109824

@@ -11,6 +11,9 @@ MiB = 1024**2
 EXPECTED = {
     "nvidia-a10", "nvidia-l4", "nvidia-a100-40gb", "nvidia-a100-80gb", "nvidia-h100-80gb",
     "nvidia-h200", "nvidia-v100-32gb", "ascend-910b", "ascend-310p", "cpu",
+    # issue 38: the cards the field runs GLM on
+    "nvidia-h20", "nvidia-h800", "nvidia-a800", "nvidia-l20", "nvidia-b200", "nvidia-t4",
+    "nvidia-rtx-4090", "nvidia-rtx-4060", "ascend-910c",
 }
 
 
@@ -92,5 +95,46 @@ def test_invalid_user_profiles_are_rejected_naming_the_field(
 
 
 def test_unknown_profile_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="unknown accelerator profile 'nvidia-b200'"):
-        get_profile("nvidia-b200")
+    with pytest.raises(ValueError, match="unknown accelerator profile 'nvidia-gb300'"):
+        get_profile("nvidia-gb300")
+
+
+def test_the_issue_38_profiles() -> None:
+    """Each new profile's facts as docs/planning.md states them, with their sources."""
+    h20, t4, a3 = PROFILES["nvidia-h20"], PROFILES["nvidia-t4"], PROFILES["ascend-910c"]
+    assert (h20.memory_bytes, h20.fp8, h20.cuda_sm) == (97871 * MiB, True, 90)
+    assert h20.node_labels == {"nvidia.com/gpu.product": ("NVIDIA-H20",)}
+    assert (t4.cuda_sm, t4.bf16, t4.fp8, t4.nvlink) == (75, False, False, False)
+    assert "llamacpp" in t4.engines  # the CUDA image carries sm_75 kernels
+    assert PROFILES["nvidia-b200"].cuda_sm == 100
+    for geforce in ("nvidia-rtx-4090", "nvidia-rtx-4060"):
+        assert not PROFILES[geforce].nvlink and PROFILES[geforce].max_devices_per_node == 4
+    assert PROFILES["nvidia-rtx-4060"].memory_bytes == 8188 * MiB
+    assert (a3.max_devices_per_node, a3.memory_bytes) == (16, 65536 * MiB)
+    assert a3.resource_name == "huawei.com/Ascend910" and a3.architectures == ("arm64",)
+    assert "module-a3-16" in a3.node_labels["accelerator-type"]
+
+
+def test_llama_cpp_is_refused_where_the_cuda_image_has_no_kernels() -> None:
+    """A V100 profile given llama.cpp in operator config: sm_70 is below the image's oldest
+    target (LLAMACPP_CUDA_SM, the Dockerfile's CUDA_ARCHITECTURES), so the plan refuses with
+    the reason instead of rendering pods that cannot load."""
+    import re
+    from pathlib import Path
+
+    from glm_operator.planning.accelerators import LLAMACPP_CUDA_SM
+    from glm_operator.planning.planner import PlanRequest, plan
+    from test_planning_cases import GLM4_9B
+
+    dockerfile = Path(__file__).resolve().parents[2] / "runtime-images/llamacpp/Dockerfile.cuda"
+    built = re.search(r'ARG CUDA_ARCHITECTURES="([\d;]+)"', dockerfile.read_text())
+    assert built and tuple(int(sm) for sm in built.group(1).split(";")) == LLAMACPP_CUDA_SM
+    profiles = load_profiles({"v100-llama": {
+        "basedOn": "nvidia-v100-32gb", "engines": ["llamacpp", "vllm"],
+        "images": {"llamacpp": "registry.local/llama-server-cuda:1.0"}}})
+    refused = plan(PlanRequest(facts=GLM4_9B, quantization="Q4_K_M", engine="llamacpp",
+                               accelerator="v100-llama", context_length=8192), profiles)
+    assert not refused.feasible and "sm_70" in refused.reason and "sm_75" in refused.reason
+    t4 = plan(PlanRequest(facts=GLM4_9B, quantization="Q4_K_M", engine="llamacpp",
+                          accelerator="nvidia-t4", context_length=8192))
+    assert t4.feasible, t4.reason

@@ -137,7 +137,30 @@ class VllmPlan(StatusModel):
         default=None, ge=0, description="--cpu-offload-gb: GiB of weights per GPU in host RAM.")
     speculative_tokens: int | None = Field(
         default=None, ge=0, description="MTP speculative decoding: draft tokens per step, one "
-        "per nextn layer (--speculative-config method mtp); 0: off.")
+        "per nextn layer, the recipes' depth for the GLM-5 family on NVIDIA (--speculative-config "
+        "method mtp); 0: off.")
+    layout: Literal["tp", "dcp", "dep"] | None = Field(
+        default=None, description="tp: tensor parallel; dcp: with decode context parallelism; "
+        "dep: data-parallel attention with expert parallelism (docs/planning.md, Layouts).")
+    data_parallel_size: int | None = Field(
+        default=None, ge=1, description="--data-parallel-size; --max-num-seqs is per rank.")
+    enable_expert_parallel: bool | None = Field(default=None,
+                                                description="--enable-expert-parallel.")
+    decode_context_parallel_size: int | None = Field(
+        default=None, ge=1, description="--decode-context-parallel-size.")
+
+
+class PlanLayout(StatusModel):
+    """One vLLM layout of the replica's devices the planner weighed, side by side."""
+
+    layout: Literal["tp", "dcp", "dep"]
+    label: str = Field(description="e.g. TP8, TP8+DCP8, DEP8.")
+    feasible: bool
+    kv_cache_tokens: NonNegativeInt64 = Field(description="KV capacity of the replica.")
+    requests_at_context: int = Field(ge=0, description="Requests of the asked context it "
+                                     "holds at once.")
+    headroom_bytes: Int64 = Field(description="On the most loaded device.")
+    chosen: bool
 
 
 class PlanNodeShare(StatusModel):
@@ -175,6 +198,9 @@ class PlanSummary(StatusModel):
     )
     resources: PlanResources | None = None
     alternatives: list[PlanAlternative] | None = Field(default=None, max_length=16)
+    layouts: list[PlanLayout] | None = Field(
+        default=None, max_length=4, description="vLLM: each layout weighed on these devices "
+        "and its capacity; the chosen one fits on the fewest devices, ties to lower latency.")
     llamacpp: LlamaCppPlan | None = None
     vllm: VllmPlan | None = None
 

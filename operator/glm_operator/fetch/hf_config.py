@@ -140,6 +140,10 @@ def facts_from_config(config: Mapping[str, Any], size_bytes: int | None = None,
                                     "num_local_experts")),
         "expert_used_count": _int(config.get("num_experts_per_tok")),
         "vocab_size": _int(_first(config, "vocab_size", "padded_vocab_size")),
+        # FFN widths: the compute buffers, and the routed experts' share of the weights that
+        # expert parallelism splits (planning/memory.py moe_weights)
+        "feed_forward_length": _int(_first(config, "intermediate_size", "ffn_hidden_size")),
+        "expert_feed_forward_length": _int(config.get("moe_intermediate_size")),
         "parameter_count": parameter_count or None,
         "size_bytes": size_bytes or None,
     }

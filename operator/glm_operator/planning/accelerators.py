@@ -10,6 +10,7 @@ Users add or override profiles through operator config; `load_profiles(extra)`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -82,6 +83,13 @@ class AcceleratorProfile:
     architectures: tuple[Architecture, ...] = BOTH
     description: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
+    # NVIDIA: the SM version (75 Turing T4, 80 A100, 89 Ada, 90 Hopper, 100 Blackwell B200):
+    # picks vLLM's fp8 KV spelling (fp8_e4m3 on Blackwell) and whether our llama.cpp CUDA
+    # image has kernels for it (LLAMACPP_CUDA_SM). None: unknown (operator-config profiles).
+    cuda_sm: int | None = None
+    # Devices of a node joined by NVLink (or HCCS): tensor parallelism's all-reduce per layer
+    # is cheap. GeForce cards and the T4 talk over PCIe only: split layers, not tensors.
+    nvlink: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or self.name != self.name.lower():
@@ -148,6 +156,11 @@ def runtime_images(
     }
 
 
+# The SM versions our llama.cpp CUDA image is compiled for (runtime-images/llamacpp/
+# Dockerfile.cuda CUDA_ARCHITECTURES; tests/images holds the two equal). A newer GPU runs the
+# newest one's PTX, JIT-compiled at load; an older one has no kernels at all.
+LLAMACPP_CUDA_SM: tuple[int, ...] = (75, 80, 86, 89, 90, 100)
+
 _NVIDIA_TOLERATIONS = (Toleration("nvidia.com/gpu"),)
 _GFD_PRODUCT = "nvidia.com/gpu.product"
 
@@ -162,8 +175,10 @@ def _nvidia(
     fp8: bool = False,
     max_devices: int = 8,
     engines: tuple[Engine, ...] = ("llamacpp", "vllm"),
+    nvlink: bool = True,
     description: str,
 ) -> AcceleratorProfile:
+    sm = re.search(r"sm_(\d+)", description)
     return AcceleratorProfile(
         name=name,
         vendor="nvidia",
@@ -183,6 +198,8 @@ def _nvidia(
         # x86 hosts, and arm64 ones: Grace (GH200, GB200) and Ampere Altra servers.
         architectures=BOTH,
         description=description,
+        cuda_sm=int(sm.group(1)) if sm else None,
+        nvlink=nvlink,
     )
 
 
@@ -215,6 +232,51 @@ def builtin_profiles(
                 engines=("vllm",),
                 description="NVIDIA V100 32 GB (Volta, sm_70): no bf16, no fp8; vLLM only "
                 "(the llama.cpp CUDA image, CUDA 13, has no sm_70 kernels)"),
+        # Hopper for export: Hopper's memory and fp8, less compute (H20) or NVLink bandwidth
+        # (H800); Ampere's A800 likewise. vLLM's GLM-5.1 recipe names 8 x H20.
+        _nvidia("nvidia-h20", 97871, ("NVIDIA-H20",), images=images, fp8=True,
+                description="NVIDIA H20 96 GB (Hopper, sm_90)"),
+        _nvidia("nvidia-h800", 81559, ("NVIDIA-H800", "NVIDIA-H800-PCIe"), images=images,
+                fp8=True, description="NVIDIA H800 80 GB (Hopper, sm_90)"),
+        _nvidia("nvidia-a800", 81920, ("NVIDIA-A800-SXM4-80GB", "NVIDIA-A800-80GB-PCIe"),
+                images=images, description="NVIDIA A800 80 GB (Ampere, sm_80)"),
+        _nvidia("nvidia-l20", 46068, ("NVIDIA-L20",), images=images, fp8=True, nvlink=False,
+                description="NVIDIA L20 48 GB (Ada, sm_89), PCIe"),
+        _nvidia("nvidia-b200", 183359, ("NVIDIA-B200",), images=images, fp8=True,
+                description="NVIDIA B200 180 GB (Blackwell, sm_100)"),
+        # Turing has no bf16 (vLLM runs float16) and no fp8; llama.cpp's CUDA image carries
+        # sm_75 kernels for it.
+        _nvidia("nvidia-t4", 15360, ("Tesla-T4",), images=images, bf16=False, nvlink=False,
+                description="NVIDIA T4 16 GB (Turing, sm_75), PCIe"),
+        _nvidia("nvidia-rtx-4090", 24564, ("NVIDIA-GeForce-RTX-4090",), images=images,
+                fp8=True, max_devices=4, nvlink=False,
+                description="NVIDIA GeForce RTX 4090 24 GB (Ada, sm_89), PCIe, no NVLink"),
+        _nvidia("nvidia-rtx-4060", 8188, ("NVIDIA-GeForce-RTX-4060",), images=images,
+                fp8=True, max_devices=4, nvlink=False,
+                description="NVIDIA GeForce RTX 4060 8 GB (Ada, sm_89), PCIe, no NVLink"),
+        AcceleratorProfile(
+            name="ascend-910c",
+            vendor="huawei",
+            # Atlas 800 A3: 8 Ascend 910C modules of two dies each, every die an NPU of 64 GB
+            # HBM that the device plugin counts as one huawei.com/Ascend910: 16 per node.
+            memory_bytes=65536 * MiB,
+            resource_name="huawei.com/Ascend910",
+            node_labels={
+                "accelerator": ("huawei-Ascend910",),
+                "accelerator-type": ("module-a3-16", "module-a3-16-super-pod"),
+            },
+            tolerations=(Toleration("huawei.com/Ascend910"),),
+            engines=("llamacpp", "vllm"),
+            images={"llamacpp": images["llamacpp-cann"], "vllm": VLLM_ASCEND_IMAGE},
+            max_devices_per_node=16,
+            flash_attention=True,
+            bf16=True,
+            fp8=False,
+            runtime_overhead_bytes=1536 * MiB,  # CANN runtime and HCCL buffers
+            cpu_cores=16,
+            architectures=("arm64",),  # Kunpeng 920 hosts
+            description="Huawei Ascend 910C in Atlas 800 A3 nodes: 16 NPUs of 64 GB HBM",
+        ),
         AcceleratorProfile(
             name="ascend-910b",
             vendor="huawei",

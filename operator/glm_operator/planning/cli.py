@@ -11,7 +11,14 @@ from typing import Any
 
 from glm_operator.planning.accelerators import PROFILES
 from glm_operator.planning.facts import ArchitectureFacts
-from glm_operator.planning.planner import Plan, PlanRequest, gib, plan
+from glm_operator.planning.planner import (
+    LAYOUTS,
+    Plan,
+    PlanRequest,
+    gib,
+    layout_label,
+    plan,
+)
 from glm_operator.planning.profile_config import load_profiles
 
 
@@ -40,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     req.add_argument("--nodes", type=int, default=1, help="nodes per replica")
     req.add_argument("--context", type=int, default=8192, help="tokens per request")
     req.add_argument("--concurrency", type=int, default=1, help="requests at once")
-    req.add_argument("--kv-cache-type", help="f16, q8_0, q4_0 (llama.cpp); auto, fp8 (vLLM)")
+    req.add_argument("--kv-cache-type", help="f16, q8_0, q4_0 (llama.cpp); auto, fp8, fp8_e4m3 "
+                     "(vLLM; default auto, fp8 for the GLM-5 family on fp8 devices)")
+    req.add_argument("--layout", choices=LAYOUTS,
+                     help="vLLM: force a layout (tp; dcp: TP with decode context parallelism; "
+                          "dep: data-parallel attention + expert parallelism); default: the "
+                          "planner chooses")
     req.add_argument("--kv-unified", action="store_true")
     req.add_argument("--no-mmap", action="store_true")
     req.add_argument("--allow-partial-offload", action="store_true")
@@ -123,12 +135,22 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
             ("--max-model-len", str(v.max_model_len)),
             ("--max-num-seqs", str(v.max_num_seqs)),
             ("--gpu-memory-utilization", f"{v.gpu_memory_utilization:.2f}"),
+            ("layout", layout_label(v)),
             ("--tensor-parallel-size", str(v.tensor_parallel_size)),
             ("--pipeline-parallel-size", str(v.pipeline_parallel_size)),
             ("--kv-cache-dtype", v.kv_cache_dtype),
             ("--dtype", v.dtype),
             ("KV capacity", f"{v.kv_cache_tokens} tokens"),
         ]
+        if v.data_parallel_size > 1:
+            rows.append(("--data-parallel-size", f"{v.data_parallel_size} "
+                         "(--max-num-seqs is per rank)"))
+        if v.enable_expert_parallel:
+            rows.append(("--enable-expert-parallel", "on"))
+        if v.decode_context_parallel_size > 1:
+            rows.append(("--decode-context-parallel-size", str(v.decode_context_parallel_size)))
+        if v.speculative_tokens:
+            rows.append(("MTP draft tokens", str(v.speculative_tokens)))
     for i, n in enumerate(p.per_node):
         rows.append((f"node {i} ({n.role})",
                      f"{n.devices} devices, {n.layers} layers, weights {gib(n.weights_bytes)} "
@@ -143,10 +165,30 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
     return rows
 
 
+def _layout_table(p: Plan) -> list[str]:
+    """The layouts the planner weighed on these devices, side by side."""
+    if not p.layouts:
+        return []
+    context = p.request.context_length
+    header = ("layout", "fits", "KV tokens", f"requests x {context}", "headroom GiB", "")
+    rows = [header] + [
+        (lc.label, "yes" if lc.feasible else "no", f"{lc.kv_cache_tokens:,}",
+         str(lc.requests_at_context), gib(lc.headroom_bytes), "<- chosen" if lc.chosen else "")
+        for lc in p.layouts]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["", f"layouts on {p.request.count} x {p.profile.name} (asked: "
+             f"{p.request.concurrency} x {context} tokens; the first that fits in TP, DCP, "
+             "DEP order is chosen):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    return lines
+
+
 def format_plan(p: Plan) -> str:
     rows = _rows(p)
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += _layout_table(p)
     lines += ["", f"verdict: {'FEASIBLE' if p.feasible else 'DOES NOT FIT'}: {p.reason}"]
     lines += [f"warning: {w}" for w in p.warnings]
     if p.alternatives:
@@ -186,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
             allow_partial_offload=args.allow_partial_offload,
             node_memory_bytes=int(args.node_memory_gib * 1024**3) if args.node_memory_gib else None,
             cpu_cores=args.cpu_cores,
+            layout=args.layout,
         )
         result = plan(request, profiles)
     except (ValueError, OSError) as exc:

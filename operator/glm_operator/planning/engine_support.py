@@ -76,3 +76,30 @@ def unsupported(engine: str, architecture: str) -> str | None:
                 "pinned tree does not register it (its GGUF general.architecture must be one "
                 "llama.cpp knows); serve it with engine vllm or convert it")
     return None
+
+# The GLM-5 family (glm-dsa, one nextn layer) as config.json tells its generations apart:
+# GLM-5 and GLM-5.1 train a 202,752-token context, GLM-5.2 and GLM-5.3 1M (1,048,576:
+# max_position_embeddings; they also share indexers between layers, indexer_types).
+GLM5_1M_CONTEXT = 1_048_576
+# MTP draft tokens per step (--speculative-config num_speculative_tokens) the published
+# recipes run: the GLM-5 authors' README and vLLM's GLM-5.1 recipe 3, vLLM's GLM-5.2 recipe 5
+# (GLM-5.3 has no recipe of its own: taken as 5.2's). vLLM 0.33 runs the one MTP layer once
+# per draft token (config/speculative.py: num_speculative_tokens must be a multiple of
+# num_nextn_predict_layers, and it warns the acceptance rate may drop past the first).
+GLM5_MTP_DEPTH = {"GLM-5/5.1": 3, "GLM-5.2/5.3": 5}
+
+
+def glm5_generation(architecture: str, context_length: int) -> str | None:
+    """Which GLM-5 generations a glm-dsa model's config.json can be, from its context."""
+    if architecture != "glm-dsa":
+        return None
+    return "GLM-5.2/5.3" if context_length >= GLM5_1M_CONTEXT else "GLM-5/5.1"
+
+
+def recipe_mtp_tokens(architecture: str, context_length: int, nextn_layers: int) -> int | None:
+    """The recipes' MTP depth for the model, or None where no recipe gives one."""
+    generation = glm5_generation(architecture, context_length)
+    if generation is None or not nextn_layers:
+        return None
+    depth = GLM5_MTP_DEPTH[generation]
+    return depth if depth % nextn_layers == 0 else nextn_layers

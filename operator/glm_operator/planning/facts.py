@@ -117,6 +117,12 @@ class ArchitectureFacts:
     # Bytes of the nextn (MTP) layers' tensors in the measured file (the fetch sums them from
     # the GGUF tensor infos); the pinned llama.cpp does not load them.
     nextn_weights_bytes: int | None = None
+    # MoE: the leading trunk layers with a dense FFN instead of experts (GGUF
+    # `leading_dense_block_count`, HF `first_k_dense_replace`; GLM-4.5: 1, GLM-5: 3). Sizes
+    # the routed experts' share of the weights, which expert parallelism splits. Declared
+    # only (a facts file) until the API's ModelFacts carries it: without it the DEP plan
+    # takes the conservative replicated share (memory.moe_weights).
+    leading_dense_block_count: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_count", "embedding_length", "head_count", "head_count_kv"):
@@ -138,6 +144,11 @@ class ArchitectureFacts:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 when set, got {value}")
+        if self.leading_dense_block_count is not None and not (
+                0 <= self.leading_dense_block_count <= self.block_count):
+            raise ValueError(
+                f"leading_dense_block_count ({self.leading_dense_block_count}) must be within "
+                f"the {self.block_count} trunk layers")
         if not 0 <= self.recurrent_layers < self.block_count:
             raise ValueError(
                 f"recurrent_layers ({self.recurrent_layers}) must be >= 0 and leave at least one "

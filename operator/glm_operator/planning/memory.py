@@ -62,6 +62,10 @@ QUANTIZATIONS: tuple[QuantizationType, ...] = (
     QuantizationType("fp8", 8.0, "hf"),
     QuantizationType("int8", 8.0, "hf"),
     QuantizationType("w8a8", 8.0, "hf"),
+    # ModelSlim (vllm-ascend): W8A8 with an int8 KV cache ("C8"), and W4A8 (int4 weights
+    # with a scale per group of 256 and the int8 layers ModelSlim keeps: about 4.5 bits)
+    QuantizationType("w8a8c8", 8.0, "hf"),
+    QuantizationType("w4a8", 4.5, "hf"),
     QuantizationType("gptq-int8", 8.25, "hf"),
     QuantizationType("awq", 4.25, "hf"),
     QuantizationType("gptq", 4.25, "hf"),
@@ -355,3 +359,74 @@ def vllm_activation_bytes(
 
 VLLM_CUDA_GRAPH_BYTES = 1 * GiB  # graph capture for the default batch-size ladder
 VLLM_TP_COMMUNICATION_BYTES = 512 * MiB  # NCCL/HCCL buffers and custom all-reduce, when TP > 1
+
+
+# ---------------------------------------------------------------- expert parallelism
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    """A MoE model's weights in two parts: what every data-parallel rank holds whole
+    (attention, the dense layers, shared experts, embeddings, norms, routers) and the routed
+    experts, which expert parallelism splits over the EP ranks."""
+
+    replicated: int
+    experts: int
+    basis: str
+
+
+def moe_weights(facts: ArchitectureFacts, total: int) -> MoeWeights:
+    """Split `total` weight bytes into the replicated part and the routed experts.
+
+    routed expert parameters = MoE layers x expert_count x 3 x n_embd x n_ff_exp (gate, up
+    and down of every expert), MoE layers = trunk layers - leading dense layers + nextn
+    layers (vLLM loads the MTP layer's experts too); the experts' share of the total is
+    their share of the parameters (the quantization scales both alike). GLM-5: 76 x 256 x 3
+    x 6144 x 2048 = 734.6B of 744B, so 9.4B stay replicated.
+
+    Without `leading_dense_block_count`, or when the estimate leaves less than the
+    embeddings and a dense attention block per layer (4 x n_embd^2, about GLM-5's MLA with
+    its indexer), the replicated part is that floor instead: the conservative side, since
+    a DEP rank holds every replicated byte.
+    """
+    params = estimated_parameters(facts)
+    n_ff_exp = facts.expert_feed_forward_length or facts.feed_forward_length
+    if not facts.is_moe or not params or not n_ff_exp:
+        return MoeWeights(total, 0, "not a MoE model with known expert widths: all replicated")
+    layers = facts.block_count + facts.nextn_predict_layers
+    floor = (2 * vocab_size(facts) * facts.embedding_length
+             + layers * 4 * facts.embedding_length ** 2)
+    dense = facts.leading_dense_block_count
+    moe_layers = layers - (dense or 0)
+    expert_params = moe_layers * facts.expert_count * 3 * facts.embedding_length * n_ff_exp
+    replicated_params = params - expert_params
+    basis = (f"{moe_layers} MoE layers x {facts.expert_count} experts x 3 x "
+             f"{facts.embedding_length} x {n_ff_exp}")
+    if dense is None or replicated_params < floor:
+        replicated_params = min(floor, params)
+        basis += (f"; replicated part taken as embeddings + 4 x n_embd^2 per layer "
+                  f"({replicated_params / 1e9:.1f}B parameters)")
+    replicated = int(total * Fraction(replicated_params, params))
+    return MoeWeights(replicated, total - replicated, basis)
+
+
+# vLLM 0.33's sparse MLA (DSA) prefill buffers, per GPU (vllm/config/attention.py
+# sparse_mla_prefill_workspace_factor: 5 when max_model_len <= 256K, else 2;
+# v1/attention/backends/mla/indexer.py get_max_prefill_buffer_size; envs.py
+# VLLM_SPARSE_INDEXER_MAX_LOGITS_MB 512).
+VLLM_SPARSE_MLA_SMALL_CONTEXT = 256 * 1024
+VLLM_SPARSE_INDEXER_MAX_LOGITS_BYTES = 512 * MiB
+
+
+def vllm_sparse_mla_workspace_bytes(facts: ArchitectureFacts, max_model_len: int) -> int:
+    """What a DSA model's prefill takes beside the KV cache: FlashMLA sparse gathers a step's
+    context latents into a bf16 workspace of factor x max_model_len x 576 x 2 bytes, the
+    indexer's prefill key buffer is sized to the same bytes ((576 x 2 // 132) x factor x
+    max_model_len entries of 132), and its logits are chunked to 512 MiB."""
+    if not (facts.is_mla and facts.indexer_key_length):
+        return 0
+    factor = 5 if max_model_len <= VLLM_SPARSE_MLA_SMALL_CONTEXT else 2
+    latent = facts.n_embd_k_gqa
+    workspace = factor * max_model_len * latent * 2
+    indexer = max_model_len * (latent * 2 // 132) * factor * 132
+    return workspace + indexer + VLLM_SPARSE_INDEXER_MAX_LOGITS_BYTES

@@ -14,6 +14,7 @@ from typing import Any
 from glm_operator.planning import engine_support
 from glm_operator.planning import memory as mem
 from glm_operator.planning.accelerators import (
+    LLAMACPP_CUDA_SM,
     PROFILES,
     AcceleratorProfile,
     Engine,
@@ -37,6 +38,24 @@ LLAMACPP_GPU_THREADS = 4  # with every layer on the GPU the CPU only feeds it
 LLAMACPP_PROMPT_CACHE_MIB_GPU = 2048
 LLAMACPP_PROMPT_CACHE_MIB_CPU = 0
 HOST_PROCESS_BYTES = 512 * MiB  # engine process, tokenizer, HTTP threads
+
+# ModelSlim's quantizations (quant_model_description.json), served by vllm-ascend's own
+# `--quantization ascend` (render/ascend.py); w8a8c8 also stores the KV cache in int8.
+MODELSLIM_QUANTIZATIONS = frozenset({"w8a8", "w8a8c8", "w4a8"})
+MODELSLIM_INT8_KV = frozenset({"w8a8c8"})
+
+# vLLM layouts of one replica's devices (docs/planning.md, "Layouts"):
+#   tp   tensor parallel over the node's devices (and pipeline stages across nodes);
+#   dcp  tensor parallel with decode context parallelism: the MLA latent and indexer caches
+#        sharded over the TP ranks instead of copied onto each (--decode-context-parallel-size);
+#   dep  data-parallel attention with expert parallelism: one DP rank per device, attention
+#        and shared weights on each, routed experts split over all (--data-parallel-size,
+#        --enable-expert-parallel), each rank caching its own sequences only.
+# Listed lowest decode latency first: among the layouts that fit on the asked devices the
+# planner takes the first (the tie rule), so DEP is chosen only where TP and DCP do not fit.
+LAYOUTS: tuple[str, ...] = ("tp", "dcp", "dep")
+# DEP's all-to-all dispatch and combine buffers (per rank, beside NCCL's).
+VLLM_EP_ALL2ALL_BYTES = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -64,8 +83,13 @@ class PlanRequest:
     cpu_cores: int | None = None  # CPU profile: cores a replica may use (overrides)
     # vLLM: speculative decoding with the model's nextn (MTP) layers. None: where it has them.
     multi_token_prediction: bool | None = None
+    # vLLM: the layout of the devices (LAYOUTS); None: the planner chooses (the fewest
+    # devices that fit, ties to the lower-latency layout). A forced one is planned as asked.
+    layout: str | None = None
 
     def __post_init__(self) -> None:
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         if self.count < 1:
             raise ValueError(f"count must be >= 1, got {self.count}")
         if self.nodes < 1:
@@ -138,6 +162,11 @@ class VllmSettings:
     # MTP: draft tokens per step, one per nextn layer (--speculative-config method mtp); 0 off
     speculative_tokens: int = 0
     cpu_offload_gb: int = 0  # --cpu-offload-gb: GiB of weights per GPU kept in host RAM
+    layout: str = "tp"  # LAYOUTS
+    data_parallel_size: int = 1  # --data-parallel-size (dep: one rank per device)
+    enable_expert_parallel: bool = False  # --enable-expert-parallel
+    decode_context_parallel_size: int = 1  # --decode-context-parallel-size (dcp)
+    # max_num_seqs is per DP rank; the replica serves max_num_seqs x data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -160,6 +189,26 @@ class NodeShare:
     layers: int  # llama.cpp: layers incl. the output layer; vLLM: the pipeline stage's layers
     weights_bytes: int
     kv_bytes: int
+
+
+@dataclass(frozen=True)
+class LayoutCapacity:
+    """One vLLM layout of the asked devices, planned: what its KV cache holds."""
+
+    layout: str  # LAYOUTS
+    label: str  # TP8, TP8+DCP8, DEP8
+    feasible: bool
+    kv_cache_tokens: int  # the replica's KV capacity at this layout
+    requests_at_context: int  # requests of the asked context it holds at once
+    headroom_bytes: int  # on the most loaded device
+    chosen: bool
+    reason: str  # the plan's reason at this layout
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layout": self.layout, "label": self.label, "feasible": self.feasible,
+                "kvCacheTokens": self.kv_cache_tokens,
+                "requestsAtContext": self.requests_at_context,
+                "headroomBytes": self.headroom_bytes, "chosen": self.chosen}
 
 
 @dataclass(frozen=True)
@@ -191,6 +240,8 @@ class Plan:
     alternatives: tuple[Alternative, ...] = ()
     warnings: tuple[str, ...] = ()
     per_node: tuple[NodeShare, ...] = ()  # one entry per node when nodes > 1
+    # vLLM: every layout the planner weighed on these devices, the chosen one marked
+    layouts: tuple[LayoutCapacity, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly form for GLMService status and `glm-operator plan --json`."""
@@ -227,6 +278,8 @@ class Plan:
                  "weightsBytes": n.weights_bytes, "kvBytes": n.kv_bytes}
                 for n in self.per_node
             ]
+        if self.layouts:
+            out["layouts"] = [lc.to_dict() for lc in self.layouts]
         if self.llamacpp:
             out["llamacpp"] = asdict(self.llamacpp)
         if self.vllm:
@@ -271,12 +324,90 @@ def _unfit_reason(p: Plan) -> str:
 def _plan_one(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     problem = _compatibility_problem(request, profile)
     if request.engine == "vllm":
-        result = _plan_vllm(request, profile)
+        result = _plan_vllm_layouts(request, profile)
     else:
         result = _plan_llamacpp(request, profile)
     if problem:
         return replace(result, feasible=False, reason=problem)
     return result
+
+
+def vllm_layouts(request: PlanRequest, profile: AcceleratorProfile) -> tuple[str, ...]:
+    """The layouts the planner weighs for a vLLM request, in LAYOUTS order."""
+    return tuple(layout for layout in LAYOUTS if _layout_problem(request, profile, layout) is None)
+
+
+def _layout_problem(request: PlanRequest, profile: AcceleratorProfile, layout: str) -> str | None:
+    """Why `layout` does not apply to this request, or None."""
+    facts = request.facts
+    if layout == "tp":
+        return None
+    name = "DEP (data-parallel attention with expert parallelism)" if layout == "dep" else (
+        "DCP (decode context parallelism)")
+    if request.count < 2:
+        return f"{name} needs several devices of one node: count is {request.count}"
+    if profile.vendor != "nvidia":
+        return (f"{name} is planned for vLLM on NVIDIA only: vllm-ascend's (v0.23) is not "
+                f"checked yet; {profile.name} runs tensor parallelism")
+    if layout == "dep":
+        if not facts.is_moe:
+            return (f"{facts.architecture} is a dense model: its data parallelism is replicas "
+                    "(raise spec.replicas); DEP splits a MoE model's experts")
+        if request.nodes > 1:
+            return "DEP across nodes is not rendered yet: one node (nodes 1)"
+        return None
+    if not facts.is_mla:
+        return (f"{name} shards an MLA latent cache that every TP rank would copy; "
+                f"{facts.architecture}'s KV heads are split by tensor parallelism already")
+    return None
+
+
+def layout_label(settings: VllmSettings) -> str:
+    if settings.layout == "dep":
+        tp = f"xTP{settings.tensor_parallel_size}" if settings.tensor_parallel_size > 1 else ""
+        return f"DEP{settings.data_parallel_size}{tp}"
+    label = f"TP{settings.tensor_parallel_size}"
+    if settings.pipeline_parallel_size > 1:
+        label += f"xPP{settings.pipeline_parallel_size}"
+    if settings.layout == "dcp":
+        label += f"+DCP{settings.decode_context_parallel_size}"
+    return label
+
+
+def _capacity(p: Plan, chosen: bool) -> LayoutCapacity:
+    settings = p.vllm
+    assert settings is not None
+    context = mem.round_up(p.request.context_length, VLLM_BLOCK_SIZE)
+    ranks = settings.data_parallel_size
+    requests = ranks * ((settings.kv_cache_tokens // ranks) // context)
+    return LayoutCapacity(
+        layout=settings.layout, label=layout_label(settings), feasible=p.feasible,
+        kv_cache_tokens=settings.kv_cache_tokens, requests_at_context=requests,
+        headroom_bytes=p.memory.headroom, chosen=chosen, reason=p.reason)
+
+
+def _plan_vllm_layouts(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
+    """Plan every layout that applies; keep the forced one, else the first that fits in
+    LAYOUTS order (lowest latency), else the nearest to fitting (the most headroom)."""
+    layouts = vllm_layouts(request, profile)
+    plans = {layout: _plan_vllm(request, profile, layout) for layout in layouts}
+    if request.layout is not None:
+        problem = _layout_problem(request, profile, request.layout)
+        if problem is not None:
+            chosen = replace(plans["tp"], feasible=False, reason=f"layout {request.layout}: "
+                             f"{problem}")
+            return chosen
+        chosen_layout = request.layout
+    else:
+        fitting = [layout for layout in layouts if plans[layout].feasible]
+        chosen_layout = fitting[0] if fitting else max(
+            layouts, key=lambda layout: plans[layout].memory.headroom)
+    capacities = tuple(_capacity(plans[layout], layout == chosen_layout) for layout in layouts)
+    chosen = plans[chosen_layout]
+    if len(layouts) > 1:
+        chosen = replace(chosen, reason=f"{layout_label(chosen.vllm)}: {chosen.reason}"
+                         if chosen.vllm else chosen.reason)
+    return replace(chosen, layouts=capacities if len(layouts) > 1 else ())
 
 
 def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) -> str | None:
@@ -287,6 +418,12 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
         return f"{profile.name} does not run {request.engine} (it runs {runs})"
     if cannot_load := engine_support.unsupported(request.engine, facts.architecture):
         return cannot_load
+    if (request.engine == "llamacpp" and profile.vendor == "nvidia" and profile.cuda_sm
+            and profile.cuda_sm < min(LLAMACPP_CUDA_SM)):
+        built = ", ".join(f"sm_{sm}" for sm in LLAMACPP_CUDA_SM)
+        return (f"{profile.name} is sm_{profile.cuda_sm}: our llama.cpp CUDA image has kernels "
+                f"for {built} (CUDA 13), none for it; serve it with vLLM or a llama.cpp image "
+                "built for it (an operator-config profile)")
     if request.engine == "llamacpp" and q.format != "gguf":
         return f"llama.cpp serves GGUF quantizations; {q.name} is a Hugging Face format"
     if request.engine == "vllm" and q.format != "hf":
@@ -338,10 +475,10 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
         )
     if q.name in ("fp8",) and not (profile.vendor == "nvidia" and (profile.fp8 or profile.bf16)):
         return f"{profile.name} cannot run fp8 weights"
-    if q.name == "w8a8" and profile.vendor != "huawei":
+    if q.name in MODELSLIM_QUANTIZATIONS and profile.vendor != "huawei":
         # ModelSlim's format (quant_model_description.json), served by vllm-ascend's own
         # `--quantization ascend` (render/ascend.py): no CUDA kernel reads it.
-        return (f"{profile.name} cannot run w8a8 (ModelSlim) weights: vllm-ascend serves them, "
+        return (f"{profile.name} cannot run {q.name} (ModelSlim) weights: vllm-ascend serves them, "
                 "on Ascend NPUs; a compressed-tensors W8A8 checkpoint is quantization int8")
     if request.engine == "vllm":
         if facts.head_count % request.count:
@@ -625,23 +762,64 @@ def _mtp_tokens(request: PlanRequest, profile: AcceleratorProfile) -> int:
         return 0
     if facts.architecture not in engine_support.VLLM_MTP_ARCHITECTURES:
         return 0
+    # The GLM-5 family on CUDA: the depth its recipes run (vllm-ascend's tutorials are not
+    # checked here: one token per nextn layer there, as before).
+    depth = engine_support.recipe_mtp_tokens(
+        facts.architecture, facts.context_length, facts.nextn_predict_layers)
+    if depth is not None and profile.vendor == "nvidia":
+        return depth
     return facts.nextn_predict_layers
 
 
-def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
+def default_vllm_kv_dtype(facts: ArchitectureFacts, profile: AcceleratorProfile) -> str:
+    """The KV cache dtype a vLLM plan takes when the GLMService names none.
+
+    fp8 for the GLM-5 family (glm-dsa) where the device has fp8, as vLLM's GLM-5.1 and
+    GLM-5.2 recipes run it (`--kv-cache-dtype fp8` on Hopper, `fp8_e4m3` on Blackwell, where
+    vLLM itself turns `auto` into fp8 for GlmMoeDsaForCausalLM); `auto` (the model's dtype)
+    for every other model: fp8 KV trades accuracy, which only the family's recipes have
+    taken and measured. docs/planning.md, "KV cache type".
+    """
+    if facts.architecture in FP8_KV_DEFAULT_ARCHITECTURES and profile.fp8 and (
+            profile.vendor == "nvidia"):
+        return fp8_kv_dtype(profile)
+    return "auto"
+
+
+# Model families whose published vLLM recipes run an fp8 KV cache.
+FP8_KV_DEFAULT_ARCHITECTURES = frozenset({"glm-dsa"})
+
+
+def fp8_kv_dtype(profile: AcceleratorProfile) -> str:
+    """vLLM's spelling of an fp8 KV cache on this device: `fp8_e4m3` on Blackwell (SM 10x),
+    `fp8` (e4m3 too) elsewhere, as the recipes write them."""
+    return "fp8_e4m3" if (profile.cuda_sm or 0) >= 100 else "fp8"
+
+
+def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = "tp") -> Plan:
     facts = request.facts
-    tp, pp = request.count, request.nodes
-    kv_dtype = request.kv_cache_type or "auto"
+    pp = request.nodes
+    dep, dcp_layout = layout == "dep", layout == "dcp"
+    tp = 1 if dep else request.count  # devices per node: TP ranks, or DP ranks for DEP
+    dp = request.count if dep else 1
+    dcp = request.count if dcp_layout else 1
+    kv_dtype = request.kv_cache_type or default_vllm_kv_dtype(facts, profile)
     if kv_dtype not in mem.VLLM_KV_TYPES:
         kv_dtype = "auto"
     weights = mem.weights_bytes(facts, request.quantization)
+    # A ModelSlim C8 checkpoint keeps its KV cache in int8 (one byte a value), whatever
+    # --kv-cache-dtype says: its quant description sets it.
+    kv_size_dtype = ("fp8" if request.quantization.lower() in MODELSLIM_INT8_KV
+                     and kv_dtype == "auto" else kv_dtype)
     # KV heads are split across TP ranks; with more ranks than KV heads each rank keeps one.
     heads_per_gpu = max(1, -(-facts.head_count_kv // tp))
     share = Fraction(heads_per_gpu, facts.head_count_kv)
-    # MLA keeps one latent head on every rank, whatever the TP (mem.vllm_kv_bytes_per_token).
-    kv_per_token_gpu = mem.vllm_kv_bytes_per_token(facts, kv_dtype, kv_heads_share=share)
-    kv_per_token = mem.vllm_kv_bytes_per_token(facts, kv_dtype)
-    seqs = request.concurrency
+    # MLA keeps one latent head on every rank, whatever the TP (mem.vllm_kv_bytes_per_token);
+    # DCP shards it (and the indexer's) over the DCP ranks, token by token.
+    kv_per_token_gpu = -(-mem.vllm_kv_bytes_per_token(facts, kv_size_dtype,
+                                                      kv_heads_share=share) // dcp)
+    kv_per_token = mem.vllm_kv_bytes_per_token(facts, kv_size_dtype)
+    seqs = -(-request.concurrency // dp)  # per DP rank: each rank holds its own sequences
     tokens = mem.round_up(request.context_length, VLLM_BLOCK_SIZE) * seqs
     # Pipeline parallel: each node (stage) holds its layers' weights and KV; the largest
     # stage is the most loaded device.
@@ -654,9 +832,18 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     available = profile.memory_bytes
     activation = mem.vllm_activation_bytes(
         facts, max_num_batched_tokens=VLLM_MAX_NUM_BATCHED_TOKENS, max_num_seqs=seqs, tp=tp
-    )
-    overhead = profile.runtime_overhead_bytes + (mem.VLLM_TP_COMMUNICATION_BYTES if tp > 1 else 0)
-    gpu_weights = int(weights.bytes * stage_share) // tp
+    ) + mem.vllm_sparse_mla_workspace_bytes(facts, request.context_length)
+    overhead = profile.runtime_overhead_bytes + (
+        mem.VLLM_TP_COMMUNICATION_BYTES if request.count > 1 else 0)
+    warnings: list[str] = []
+    if dep:
+        # Attention, dense layers, shared experts and embeddings whole on every DP rank; the
+        # routed experts split over the EP ranks (every device of the node).
+        split = mem.moe_weights(facts, weights.bytes)
+        gpu_weights = split.replicated + split.experts // request.count
+        overhead += VLLM_EP_ALL2ALL_BYTES
+    else:
+        gpu_weights = int(weights.bytes * stage_share) // tp
     offload = request.cpu_offload_gib * GiB  # --cpu-offload-gb: weights per GPU in host RAM
     breakdown = mem_breakdown(
         weights=max(0, gpu_weights - offload),
@@ -669,10 +856,15 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
     )
     kv_budget = breakdown.kv + breakdown.headroom
     kv_tokens = max(0, kv_budget) // kv_per_token_gpu if kv_per_token_gpu else 0
-    warnings: list[str] = []
+    # The replica's capacity: each DP rank holds its own tokens (a DCP rank holds a 1/dcp
+    # share of each token, counted in kv_per_token_gpu already).
+    kv_tokens *= dp
     dtype = "auto" if profile.bf16 else "float16"
     if not profile.bf16:
         warnings.append(f"{profile.name} has no bf16: vLLM runs float16 (--dtype float16)")
+    if tp > 1 and not profile.nvlink:
+        warnings.append(f"{profile.name} has no NVLink: tensor parallelism's all-reduce in "
+                        "every layer crosses PCIe (llama.cpp splits layers instead)")
     settings = VllmSettings(
         max_model_len=request.context_length,
         max_num_seqs=seqs,
@@ -685,18 +877,23 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile) -> Plan:
         pipeline_parallel_size=pp,
         speculative_tokens=_mtp_tokens(request, profile),
         cpu_offload_gb=request.cpu_offload_gib,
+        layout=layout,
+        data_parallel_size=dp,
+        enable_expert_parallel=dep,
+        decode_context_parallel_size=dcp,
     )
     if offload:
         warnings.append(f"{request.cpu_offload_gib} GiB of weights per GPU are streamed from "
                         "host RAM on every forward pass: expect a large slowdown")
-    host = 4 * GiB + 2 * GiB * tp + offload * tp  # pinned host copies, one per GPU
+    devices = request.count
+    host = 4 * GiB + 2 * GiB * devices + offload * devices  # pinned host copies, one per GPU
     resources = Resources(
-        cpu_request=float(2 + 2 * tp),
+        cpu_request=float(2 + 2 * devices),
         memory_request_bytes=host,
         memory_limit_bytes=host + 4 * GiB,
-        devices=tp,
+        devices=devices,
         resource_name=profile.resource_name,
-        shared_memory_bytes=2 * GiB if tp > 1 else 0,
+        shared_memory_bytes=2 * GiB if devices > 1 else 0,
         memory_note=(
             "safetensors are read through page cache (reclaimable) and copied to the devices: "
             "host RAM = API server + one worker per GPU"
@@ -817,11 +1014,19 @@ def _alternatives(
         except ValueError:
             return False
         if candidate.feasible:
+            if candidate.vllm and candidate.vllm.layout != "tp" and "layout" not in settings:
+                change += f" ({layout_label(candidate.vllm)})"  # the layout it fits in
             found.append(Alternative(change, settings, candidate.memory.headroom, candidate))
             return True
         return False
 
     facts = request.facts
+    profile = get_profile(request.accelerator, catalog)
+    # A smaller KV cache first for vLLM (issue 38): it keeps the weights the user chose, and
+    # the recipes of the models that need it run it; llama.cpp's comes after the weights'.
+    if request.engine == "vllm":
+        _kv_alternative(request, profile, attempt)
+        _layout_alternatives(request, profile, attempt)
     q = mem.quantization(request.quantization)
     ladder = mem.QUANTIZATION_LADDER[q.format]
     for name in ladder:
@@ -831,13 +1036,8 @@ def _alternatives(
         ):
             break
 
-    kv_now = request.kv_cache_type or ("f16" if request.engine == "llamacpp" else "auto")
-    kv_steps = ("q8_0", "q4_0") if request.engine == "llamacpp" else ("fp8",)
-    for kv in kv_steps:
-        if mem.KV_CACHE_TYPES[kv] < mem.KV_CACHE_TYPES[kv_now] and attempt(
-            f"KV cache {kv}", kv_cache_type=kv
-        ):
-            break
+    if request.engine == "llamacpp":
+        _kv_alternative(request, profile, attempt)
 
     for slots in range(request.concurrency - 1, 0, -1):
         if attempt(f"{slots} concurrent request{'s' if slots > 1 else ''}", concurrency=slots):
@@ -849,7 +1049,6 @@ def _alternatives(
         if attempt(f"context {ctx}", context_length=ctx):
             break
 
-    profile = get_profile(request.accelerator, catalog)
     if not profile.is_cpu:
         for count in range(request.count + 1, profile.max_devices_per_node + 1):
             if request.engine == "vllm" and not _vllm_tp_ok(facts, count):
@@ -883,6 +1082,36 @@ def _alternatives(
     if request.engine == "vllm" and profile.vendor == "nvidia":
         _vllm_offload_alternative(request, profile, attempt)
     return found
+
+
+def _kv_alternative(request: PlanRequest, profile: AcceleratorProfile, attempt: Any) -> None:
+    """The first smaller KV cache type that fits: q8_0 then q4_0 for llama.cpp, fp8 (in the
+    device's spelling) for vLLM, named with the layout it fits in."""
+    kv_steps: tuple[str, ...]
+    if request.engine == "llamacpp":
+        kv_now, kv_steps = request.kv_cache_type or "f16", ("q8_0", "q4_0")
+    else:
+        kv_now = request.kv_cache_type or default_vllm_kv_dtype(request.facts, profile)
+        kv_steps = (fp8_kv_dtype(profile),)
+    for kv in kv_steps:
+        if mem.KV_CACHE_TYPES[kv] < mem.KV_CACHE_TYPES.get(kv_now, Fraction(2)) and attempt(
+            f"KV cache {kv}", kv_cache_type=kv
+        ):
+            return
+
+
+def _layout_alternatives(request: PlanRequest, profile: AcceleratorProfile,
+                         attempt: Any) -> None:
+    """A forced layout that does not fit: each other layout that does on the same devices
+    (alone, then with the fp8 KV cache)."""
+    if request.layout is None:
+        return
+    for layout in vllm_layouts(request, profile):
+        if layout == request.layout:
+            continue
+        if not attempt(f"layout {layout}", layout=layout) and profile.fp8:
+            attempt(f"layout {layout} with KV cache {fp8_kv_dtype(profile)}", layout=layout,
+                    kv_cache_type=fp8_kv_dtype(profile))
 
 
 def _vllm_offload_alternative(

@@ -35,7 +35,7 @@ from typing import Any
 
 from glm_operator.config import OperatorConfig
 from glm_operator.planning.accelerators import AcceleratorProfile
-from glm_operator.planning.planner import Plan
+from glm_operator.planning.planner import MODELSLIM_QUANTIZATIONS, Plan
 
 ASCEND_ENV: tuple[tuple[str, str], ...] = (
     ("ASCEND_PROCESS_LOG_PATH", "/tmp/ascend/log"),
@@ -54,8 +54,6 @@ DRIVER_PATHS: tuple[tuple[str, str, str], ...] = (
 DEVICE_PLUGIN_ENV = ("ASCEND_VISIBLE_DEVICES", "ASCEND_RUNTIME_OPTIONS",
                      "ASCEND_RT_VISIBLE_DEVICES")
 HCCL_IF_IP = "HCCL_IF_IP"
-# Quantizations of ModelSlim checkpoints, served by vllm-ascend's own method.
-MODELSLIM_QUANTIZATIONS = frozenset({"w8a8"})
 VLLM_ASCEND_QUANTIZATION = "ascend"
 
 

@@ -52,6 +52,11 @@ def plan_hash(plan: Plan) -> str:
         for off_by_default in ("cpu_offload_gb", "speculative_tokens"):
             if not vllm[off_by_default]:
                 del vllm[off_by_default]
+        # And the layout (issue 38): a plain tensor-parallel plan hashes as before it.
+        if vllm["layout"] == "tp":
+            for default in ("layout", "data_parallel_size", "enable_expert_parallel",
+                            "decode_context_parallel_size"):
+                del vllm[default]
     return hashlib.sha256(json.dumps(decided, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -150,6 +150,11 @@ def vllm_argv(
         *(("--pipeline-parallel-size", str(settings.pipeline_parallel_size),
            "--distributed-executor-backend", VLLM_DISTRIBUTED_BACKEND)
           if settings.pipeline_parallel_size > 1 else ()),
+        *(("--data-parallel-size", str(settings.data_parallel_size))
+          if settings.data_parallel_size > 1 else ()),
+        *(("--enable-expert-parallel",) if settings.enable_expert_parallel else ()),
+        *(("--decode-context-parallel-size", str(settings.decode_context_parallel_size))
+          if settings.decode_context_parallel_size > 1 else ()),
         "--max-model-len", str(settings.max_model_len),
         "--max-num-seqs", str(settings.max_num_seqs),
         "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
