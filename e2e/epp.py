@@ -1,17 +1,20 @@
 """The Gateway API Inference Extension's endpoint picker (EPP) as a process here, and an
 ext-proc client that asks it for a pod the way the router does.
 
-The binary is the toolchain component `epp` (e2e/epp_build.py, v1.2.0). It runs on this
-machine against the local cluster with a kubeconfig (`--kubeconfig`, controller-runtime's
-flag; KUBECONFIG works too), with the flags of the routing contract (EPP_FLAGS below):
+The binary is the toolchain component `epp` (e2e/epp_build.py, the `[epp]` pin). It runs on
+this machine against the local cluster with a kubeconfig (the KUBECONFIG environment variable:
+v1.5.0 has no --kubeconfig flag; controller-runtime reads the variable), with the router's
+picker's rendered flags and EndpointPickerConfig (render/endpoint_picker.py epp_args and
+endpoint_picker_config, only the ports and the config file's path replaced):
 
 - no InferencePool: `--endpoint-selector` + `--endpoint-target-ports` (and NOT `--pool-name`:
-  v1.2.0 refuses both together, cmd/epp/runner/runner.go:657). It then watches Pods only, in
-  `--pool-namespace`, and needs the POD_NAME environment variable in a Deployment pod's shape
-  `<name>-<hash>-<hash>` (runner.go:745-787);
-- the metrics it scrapes from each pod's `<podIP>:8080/metrics`: the gateway's queue and
-  KV-cache gauges; the LoRA and cache-info metrics are switched off with empty names
-  (backend/metrics/metrics_spec.go:45), so a gateway exporting neither is scraped cleanly;
+  the release refuses both together, pkg/epp/server/options.go Validate). It then watches
+  Pods only, in `--pool-namespace`, and needs the POD_NAME environment variable in a
+  Deployment pod's shape `<name>-<hash>-<hash>` (cmd/epp/runner/runner.go
+  extractDeploymentName);
+- the metrics it scrapes from each pod's `<podIP>:8080/metrics` (the target port): the
+  gateway's queue and KV-cache gauges, named in the config's `engineConfigs` (engine type
+  `glm-gateway`, the default for pods without the engine-type label);
 - plain gRPC (`--secure-serving=false`), a metrics endpoint without authentication
   (`--metrics-endpoint-auth=false`), no tracing exporter, no pprof.
 
@@ -33,6 +36,7 @@ epp_binary (session)
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import queue
@@ -45,10 +49,12 @@ from types import TracebackType
 
 import grpc
 import pytest
+import yaml
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from glm_operator.gateway.metrics import KV_CACHE_USAGE_RATIO, REQUESTS_QUEUED
+from glm_operator.config import OperatorConfig
+from glm_operator.render.endpoint_picker import endpoint_picker_config, epp_args
 from google.protobuf import struct_pb2
 
 from e2e import procstat, toolchain
@@ -66,40 +72,20 @@ SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 DESTINATION_NAMESPACE = "envoy.lb"
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 
-# Weights: v1.2.0's own chart default (config/charts/inferencepool/templates/epp-config.yaml):
-# a full prefix match (3) outweighs either load signal alone (queue or KV cache, 2 each) but
-# not both: a pod holding the prompt's prefix still loses when it has the longest queue AND
-# the fullest KV cache. Every scorer gives 0..1 (queue: min-max over the candidates; KV: 1 -
-# usage; prefix: matched blocks / blocks). The prefix scorer's autoTune is off: it would read
-# the block size and GPU blocks from the cache-info metric, which is switched off; blockSize
-# is in characters of the prompt (64, about 16 tokens), lruCapacityPerServer in blocks.
-CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: prefix-cache-scorer
-  parameters:
-    autoTune: false
-    blockSize: 64
-    maxPrefixBlocksToMatch: 256
-    lruCapacityPerServer: 31250
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-  parameters:
-    maxNumOfEndpoints: 1
-- type: single-profile-handler
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: max-score-picker
-"""
+# The router's picker's config as the operator renders it (weights 3, 2, 2: the release's own
+# chart default; render/endpoint_picker.py says why). bench/routing.py edits the weights in
+# this text.
+CONFIG = yaml.safe_dump(endpoint_picker_config(), sort_keys=False)
+
+
+def engine_names_config() -> str:
+    """The rendered config with the metrics extractor's parameters dropped: it then reads the
+    engines' own names (vLLM's for a pod without the engine-type label), not the gateway's."""
+    config = copy.deepcopy(endpoint_picker_config())
+    for plugin in config["plugins"]:
+        if plugin["type"] == "core-metrics-extractor":
+            plugin.pop("parameters")
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 class EndpointPickerError(RuntimeError):
@@ -111,30 +97,25 @@ def selector(service: str) -> str:
 
 
 def epp_flags(service: str, namespace: str, grpc_port: int, health_port: int,
-              metrics_port: int, config_file: Path,
-              metric_names: tuple[str, str] = (REQUESTS_QUEUED, KV_CACHE_USAGE_RATIO)
-              ) -> list[str]:
-    """The routing contract's EPP flags (ports and the config path given), less --pool-name."""
-    queued, kv_cache = metric_names
-    return [
-        "--pool-namespace", namespace,
-        "--endpoint-selector", selector(service),
-        "--endpoint-target-ports", str(POD_PORT),
-        "--grpc-port", str(grpc_port),
-        "--grpc-health-port", str(health_port),
-        "--metrics-port", str(metrics_port),
-        "--secure-serving=false",
-        "--metrics-endpoint-auth=false",
-        "--model-server-metrics-port", str(POD_PORT),
-        "--model-server-metrics-path", "/metrics",
-        "--total-queued-requests-metric", queued,
-        "--kv-cache-usage-percentage-metric", kv_cache,
-        "--lora-info-metric=",
-        "--cache-info-metric=",
-        "--tracing=false",
-        "--enable-pprof=false",
-        "--config-file", str(config_file),
-    ]
+              metrics_port: int, config_file: Path) -> list[str]:
+    """The router's picker's rendered flags, with these ports and config path."""
+    args = epp_args(service, namespace, OperatorConfig())
+    assert args[args.index("--endpoint-selector") + 1] == selector(service), args
+    assert args[args.index("--endpoint-target-ports") + 1] == str(POD_PORT), args
+    for flag, value in (("--grpc-port", grpc_port), ("--grpc-health-port", health_port),
+                        ("--metrics-port", metrics_port), ("--config-file", config_file)):
+        args[args.index(flag) + 1] = str(value)
+    return args
+
+
+def picker_env(kubeconfig: Path, pod_name: str, namespace: str | None = None
+               ) -> dict[str, str]:
+    """The picker's environment here: the API access (KUBECONFIG) and what the Downward API
+    sets in its pod (POD_NAME; NAMESPACE where given)."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_NAME": pod_name}
+    if namespace is not None:
+        env["NAMESPACE"] = namespace
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -146,13 +127,11 @@ class EndpointPicker:
     """One EPP process for `service` in `namespace`, on free ports, with `kubeconfig`."""
 
     def __init__(self, binary: Path, kubeconfig: Path, service: str, namespace: str,
-                 work: Path, config: str = CONFIG,
-                 metric_names: tuple[str, str] = (REQUESTS_QUEUED, KV_CACHE_USAGE_RATIO),
-                 extra_args: Sequence[str] = ()) -> None:
+                 work: Path, config: str = CONFIG, extra_args: Sequence[str] = ()) -> None:
         self.binary, self.kubeconfig = binary, kubeconfig
         self.service, self.namespace = service, namespace
         self.work = work
-        self.config, self.metric_names, self.extra_args = config, metric_names, extra_args
+        self.config, self.extra_args = config, extra_args
         self.grpc_port = self.health_port = self.metrics_port = 0
         self.log_path = work / f"epp-{service}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -165,16 +144,17 @@ class EndpointPicker:
     def argv(self) -> list[str]:
         config_file = self.work / f"epp-{self.service}-config.yaml"
         config_file.write_text(self.config)
-        return [str(self.binary), "--kubeconfig", str(self.kubeconfig),
+        return [str(self.binary),
                 *epp_flags(self.service, self.namespace, self.grpc_port, self.health_port,
-                           self.metrics_port, config_file, self.metric_names),
+                           self.metrics_port, config_file),
                 *self.extra_args]
 
     def start(self, timeout: float = START_TIMEOUT) -> EndpointPicker:
         self.work.mkdir(parents=True, exist_ok=True)
         self.grpc_port, self.health_port, self.metrics_port = (free_port() for _ in range(3))
-        # A Deployment pod's name, which the EPP parses for its own (runner.go:776-787).
-        env = {**os.environ, "POD_NAME": f"{self.service}-epp-0-local"}
+        # A Deployment pod's name, which the EPP parses for its own (runner.go
+        # extractDeploymentName).
+        env = picker_env(self.kubeconfig, f"{self.service}-epp-0-local")
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env,

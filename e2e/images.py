@@ -389,6 +389,7 @@ def _epp_context(work: Path) -> Path:
     context = work / "epp"
     (context / "prebuilt").mkdir(parents=True)
     shutil.copy2(epp_spec().dockerfile, context / "Dockerfile")
+    shutil.copytree(epp_spec().dockerfile.parent / "patches", context / "patches")
     shutil.copy2(built / "epp", context / "prebuilt" / "epp")
     return context
 

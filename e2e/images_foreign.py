@@ -129,6 +129,7 @@ def _epp_context(work: Path, arch: str) -> Path:
     context = work / f"epp-{arch}"
     (context / "prebuilt").mkdir(parents=True)
     shutil.copy2(images.epp_spec().dockerfile, context / "Dockerfile")
+    shutil.copytree(images.epp_spec().dockerfile.parent / "patches", context / "patches")
     shutil.copy2(built / "epp", context / "prebuilt" / "epp")
     return context
 

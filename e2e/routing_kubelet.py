@@ -11,8 +11,9 @@ namespace's pods and, for each bound one, starts what its containers would run:
 - the endpoint picker's pod (component `endpoint-picker`): the EPP binary with the pod's
   rendered args and the rendered EndpointPickerConfig (its ConfigMap volume), only what
   cannot work here replaced: its three ports by free ones, the config file's path, a
-  kubeconfig carrying a token of the pod's own ServiceAccount (so the rendered Role is what
-  allows its pod watch), POD_NAME and NAMESPACE as the Downward API would set them;
+  kubeconfig (KUBECONFIG) carrying a token of the pod's own ServiceAccount (so the rendered
+  Role is what allows its pod watch), POD_NAME and NAMESPACE as the Downward API would set
+  them;
 - a router pod (component `router`): `glm-operator gateway --router` with the pod's rendered
   args, only --port (RouterProcess binds a free port on 127.0.0.1), the API access (a token
   of the pod's own ServiceAccount: the rendered Role decides every watch and wake) and
@@ -25,7 +26,6 @@ kills the picker on purpose); `restart_picker` starts it again on the same ports
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 import threading
 import time
@@ -39,7 +39,7 @@ import yaml
 from glm_operator.render.pod import GATEWAY_CONTAINER
 
 from e2e import procstat
-from e2e.epp import EndpointPickerError
+from e2e.epp import EndpointPickerError, picker_env
 from e2e.hpa_chain import ServedPod
 from e2e.kubectl import Kubectl, KubectlError
 from e2e.ports import free_port
@@ -114,10 +114,10 @@ class RenderedPicker:
                            ("--metrics-port", self.metrics_port)):
             args = _replaced(args, flag, str(port))
         args = _replaced(args, "--config-file", str(self.config_file))
-        return [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args]
+        return [str(self.binary), *args]
 
     def start(self, timeout: float = 30.0) -> RenderedPicker:
-        env = {**os.environ, "POD_NAME": self.pod_name, "NAMESPACE": self.namespace}
+        env = picker_env(self.kubeconfig, self.pod_name, self.namespace)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env,

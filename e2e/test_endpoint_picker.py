@@ -1,11 +1,12 @@
-"""The real endpoint picker (EPP v1.2.0, e2e/epp.py) choosing among real kwok pods by the
-metrics real servers at the pods' own IPs export.
+"""The real endpoint picker (the `[epp]` pin, v1.5.0; e2e/epp.py) choosing among real kwok
+pods by the metrics real servers at the pods' own IPs export.
 
 Pods labelled as an engine pool's (glm-operator.dev/service=<svc>, glm-operator.dev/pool=main)
 sit on the `loopback` nodes (e2e/nodes.yaml), so their IPs are 127.x addresses; at each one a
 small HTTP server (e2e/pod_serving.py MetricsStandIn) exports the gateway's
 glm_gateway_requests_queued and glm_gateway_kv_cache_usage_ratio with values the test sets.
-The EPP runs with the routing contract's flags and config and a ServiceAccount token whose
+The EPP runs with the router's picker's rendered flags and EndpointPickerConfig (the
+gateway's names in its engineConfigs) and a ServiceAccount token whose
 Role grants pods get/list/watch and nothing else; it finds the pods through the API server and
 scrapes them at the IPs it reads. The test talks ext-proc to it as the router does
 (e2e/epp.py pick):
@@ -15,14 +16,16 @@ scrapes them at the IPs it reads. The test talks ext-proc to it as the router do
 - the subset hint restricts the pick (a long-queued pod is picked when it is the only one
   allowed); a subset of no known pod is answered 503; a body without a model 400;
 - the real gateway bound at a pod's IP is scraped and picked;
-- control: the same pods with the EPP reading other metric names (its vLLM defaults) -- the
-  long queue is invisible and that pod is picked too;
+- control: the same pods with the EPP reading the engines' own names (the config without our
+  engineConfigs: vLLM's, its default) -- the long queue is invisible and that pod is picked
+  too;
 - a pod whose metrics cannot be read is not dropped: it looks idle and draws every pick.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import urllib.request
@@ -33,7 +36,15 @@ from typing import Any
 
 import pytest
 
-from e2e.epp import POD_PORT, POOL_LABEL, SERVICE_LABEL, EndpointPicker, epp_binary, pick
+from e2e.epp import (
+    POD_PORT,
+    POOL_LABEL,
+    SERVICE_LABEL,
+    EndpointPicker,
+    engine_names_config,
+    epp_binary,
+    pick,
+)
 from e2e.gateway_process import GatewayProcess
 from e2e.kubectl import Kubectl
 from e2e.pod_serving import LOOPBACK_PLACEMENT, MetricsStandIn, loopback_pod_ip
@@ -46,8 +57,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 SERVICE = "chat"
 PICKS = 24
-# The EPP's own vLLM defaults: what it reads when the contract's metric flags are left out.
-VLLM_NAMES = ("vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc")
 Wait = Callable[..., Any]
 
 
@@ -212,7 +221,8 @@ def test_the_picker_avoids_a_long_queue_follows_the_metrics_and_keeps_to_the_sub
                         hint_on=("headers",)).endpoint == endpoint(ips["pod-c"])
             assert pick(epp.channel(), SERVICE, "on body", subset=[b],
                         hint_on=("body",)).endpoint == b
-            # Only the address counts (the port is not compared: director.go:229).
+            # Only the address counts (the port is not compared: requestcontrol's endpoint
+            # candidates filter on the hint's addresses).
             assert pick(epp.channel(), SERVICE, "port", subset=[f"{ips['pod-b']}:1"]
                         ).endpoint == b
 
@@ -221,13 +231,21 @@ def test_the_picker_avoids_a_long_queue_follows_the_metrics_and_keeps_to_the_sub
                 none = pick(epp.channel(), SERVICE, "nobody", subset=subset)
                 assert (none.status, none.endpoint, none.responses) == (
                     503, None, ["immediate_response"]), none
-                assert b"failed to find candidate pods" in none.body, none
-            # Headers are not needed (no :path, content-type or x-request-id) ...
-            bare = pick(epp.channel(), SERVICE, "bare", headers=[])
+                assert b"failed to find endpoint candidates" in none.body, none
+            # Of the headers only :path is read (no :method, content-type or x-request-id):
+            # it says which OpenAI request the body is (v1.5.0's parser: without it a chat
+            # body is refused as a completions request without a prompt; the router always
+            # sends the client's path) ...
+            bare = pick(epp.channel(), SERVICE, "bare", headers=[(":path", "/v1/chat/completions")])
             assert bare.endpoint in {endpoint(ip) for ip in ips.values()}, bare
-            # ... a model in the body is.
-            no_model = pick(epp.channel(), SERVICE, "", body=b'{"messages": []}')
-            assert no_model.status == 400, no_model
+            pathless = pick(epp.channel(), SERVICE, "pathless", headers=[])
+            assert (pathless.status, pathless.endpoint) == (400, None), pathless
+            assert b"must have prompt" in pathless.body, pathless
+            # ... and a model in the body.
+            no_model = pick(epp.channel(), SERVICE, "", body=json.dumps(
+                {"messages": [{"role": "user", "content": "no model"}]}).encode())
+            assert (no_model.status, no_model.endpoint) == (400, None), no_model
+            assert b"model not found" in no_model.body, no_model
         except BaseException:
             print(f"\n--- epp log ---\n{epp.log_tail()}")
             raise
@@ -250,10 +268,11 @@ def test_the_real_gateway_at_a_pod_ip_is_scraped_and_picked(
             wait_for(lambda: pick(epp.channel(), SERVICE, "hello").endpoint == endpoint(ip),
                      timeout=20, what="the EPP to pick the gateway's pod", interval=0.2)
             # Fresh metrics (parsed within the staleness threshold) make a pod "ready" here:
-            # the gateway's exposition parses in the EPP's scraper. (The pool's `name` label
-            # is the namespace: v1.2.0 swaps the two in runner.go:248 setupDatastore.)
+            # the gateway's exposition parses in the EPP's scraper. The pool's `name` label is
+            # the picker's Deployment, parsed from POD_NAME (`chat-epp-0-local`): what our
+            # patch names the standalone pool (runtime-images/epp/patches/v1.5.0).
             wait_for(lambda: epp_metric(epp, "inference_pool_ready_pods").get(
-                         f'{{name="{namespace}"}}') == 1.0,
+                         f'{{name="{SERVICE}-epp"}}') == 1.0,
                      timeout=10, what="the EPP to count the gateway's pod as fresh")
         except BaseException:
             print(f"\n--- epp log ---\n{epp.log_tail()}\n--- gateway log ---\n"
@@ -266,7 +285,7 @@ def test_control_a_picker_reading_other_metric_names_does_not_see_the_long_queue
         tmp_path: Path) -> None:
     ips = ready_pod_ips(kubectl, namespace, ["pod-a", "pod-b", "pod-c"], wait_for)
     epp = EndpointPicker(epp_binary, picker_kubeconfig(kubectl, namespace, tmp_path / "kc"),
-                         SERVICE, namespace, tmp_path, metric_names=VLLM_NAMES)
+                         SERVICE, namespace, tmp_path, config=engine_names_config())
     with stand_ins(ips) as servers, epp.start():
         servers["pod-a"].set(queued=10, kv_cache_usage=0.2)
         for pod in ("pod-b", "pod-c"):
@@ -287,10 +306,11 @@ def test_control_a_picker_reading_other_metric_names_does_not_see_the_long_queue
 def test_a_pod_whose_metrics_cannot_be_read_looks_idle_and_draws_every_pick(
         kubectl: Kubectl, namespace: str, wait_for: Wait, epp_binary: Path,
         tmp_path: Path) -> None:
-    """v1.2.0 keeps a Ready pod a candidate whatever its scrapes do (staleness only gates
-    sheddable requests, saturationdetector.go:105): a pod never scraped reads queue 0 and KV
-    cache 0 and wins every pick. The router cannot count on the picker to avoid a pod whose
-    gateway does not answer; only the pod's readiness takes it out."""
+    """The picker keeps a Ready pod a candidate whatever its scrapes do (v1.2.0 and v1.5.0
+    alike: staleness only gates sheddable requests, through the saturation detector): a pod
+    never scraped reads queue 0 and KV cache 0 and wins every pick. The router cannot count
+    on the picker to avoid a pod whose gateway does not answer; only the pod's readiness
+    takes it out."""
     ips = ready_pod_ips(kubectl, namespace, ["pod-a", "pod-silent"], wait_for)
     epp = EndpointPicker(epp_binary, picker_kubeconfig(kubectl, namespace, tmp_path / "kc"),
                          SERVICE, namespace, tmp_path)

@@ -1,10 +1,11 @@
 """The InferencePools, pickers and HTTPRoute of spec.routing.mode InferenceGateway against the
-real CRDs: the Inference Extension's InferencePool (v1.2.0) and Gateway API's HTTPRoute
+real CRDs: the Inference Extension's InferencePool (v1.5.0) and Gateway API's HTTPRoute
 (v1.4.1), server-side applied on the local control plane (not a dry run) and read back
 unchanged; what their schemas refuse is refused, and what they admit but the operator must
 never write (a weight over 100, a backend that is not a pool) is caught by check_route. And
-a pool's picker, the real v1.2.0 `epp`, started here on its rendered flags as its rendered
-ServiceAccount: it reads its pool (control: with the router picker's Role it cannot).
+a pool's picker, the real v1.5.0 `epp`, started here on its rendered flags as its rendered
+ServiceAccount: it reads its pool (control: with the router picker's Role it cannot), with
+the InferenceModelRewrite CRD served too, which it then watches.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def test_the_route_schema_refuses_its_bounds_and_check_route_what_it_admits(
     assert kubectl.get_json(ROUTES, "chat", "-n", namespace)["spec"] == route["spec"]
 
 
-# --- a pool's picker, the real v1.2.0 binary, with its rendered flags and Role -----------------
+# --- a pool's picker, the real v1.5.0 binary, with its rendered flags and Role -----------------
 
 
 class PoolPicker(EndpointPicker):
@@ -172,7 +173,7 @@ class PoolPicker(EndpointPicker):
         args = list(self.rendered)
         for flag, value in ports.items():
             args[args.index(flag) + 1] = str(value)
-        return [str(self.binary), "--kubeconfig", str(self.kubeconfig), *args]
+        return [str(self.binary), *args]
 
 
 def account_kubeconfig(kubectl: Kubectl, namespace: str, account: str, work: Path) -> Path:
@@ -201,8 +202,9 @@ def test_a_pools_picker_starts_on_its_rendered_flags_and_reads_its_pool_with_its
     deployment = named(rendered(namespace, routes), "Deployment", "chat-epp-v1")
     config = named(objects, "ConfigMap", "chat-epp-v1")["data"]["config.yaml"]
     kubeconfig = account_kubeconfig(kubectl, namespace, "chat-epp-v1", tmp_path)
-    # SERVING is v1.2.0's "pool synced": it read InferencePool chat-v1 (by name, the Role's
-    # resourceNames) and watches the pods and InferenceObjectives its Role allows.
+    # SERVING is the picker's "pool synced": it read InferencePool chat-v1 (by name, the
+    # Role's resourceNames) and watches the pods, InferenceObjectives and
+    # InferenceModelRewrites its Role allows.
     with PoolPicker(epp_binary, kubeconfig, deployment, config, namespace,
                     tmp_path / "picker").start(timeout=45) as picker:
         assert picker.health()

@@ -1,4 +1,4 @@
-"""LLM-aware routing end to end: the real operator, the real endpoint picker (EPP v1.2.0), the
+"""LLM-aware routing end to end: the real operator, the real endpoint picker (EPP v1.5.0), the
 real router and real llama-servers, every process started from what the operator rendered.
 
 The operator serves two GLMServices with `spec.routing.mode: EndpointPicker`, their pods
@@ -12,7 +12,7 @@ binds:
 
 e2e/routing_kubelet.py plays the kubelet: engine pods run their rendered llama-server argv
 and gateway args (the gateway at the pod's IP), the EPP pod the EPP binary with its rendered
-args and EndpointPickerConfig (only its ports, config path and kubeconfig, with a token of
+args and EndpointPickerConfig (only its ports, config path and KUBECONFIG, with a token of
 its own ServiceAccount, replaced), router pods the router with their rendered args (only the
 listen port, the API access, a token of the router's own ServiceAccount, and the picker's
 address replaced). So the rendered flags, config and RBAC are what is tested.

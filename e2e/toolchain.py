@@ -70,15 +70,29 @@ def _keda_trim_key() -> str:
     return trim_key()
 
 
+def _epp_patches_key() -> str:
+    """The picker's patches for its pinned version (e2e/epp_build.py), hashed: none, no key."""
+    import hashlib
+
+    from e2e.epp_build import patches
+
+    found = patches(versions()["epp"])
+    return hashlib.sha256(b"".join(p.read_bytes() for p in found)).hexdigest()[:12] \
+        if found else ""
+
+
 # Components whose build has options beyond their version: the options' hash joins the cache
 # directory name, so changing one rebuilds.
 BUILD_KEYS: dict[str, Callable[[], str]] = {
     "llama_cpp_python": _llama_flags_key,
     "lws": lambda: "controller",  # the CRD alone was cached under the plain name before
-    # Fewer files were cached under the plain names before (the pool CRD alone, the route's).
-    "inference_extension": lambda: "objectives",
+    # Fewer files were cached under the plain names before (the pool CRD alone, the route's;
+    # the CRDs without the picker's source).
+    "inference_extension": lambda: "source",
     "gateway_api": lambda: "gateways",
     "keda_controller": _keda_trim_key,
+    "epp": _epp_patches_key,
+    "epp_arm64": _epp_patches_key,
 }
 
 
@@ -336,18 +350,37 @@ def fetch_istio(version: str, out: Path, work: Path) -> None:
     )
 
 
+# The picker's source that tests/render/test_epp_contract.py reads: its flags
+# (pkg/epp/server, pkg/common), its config API (apix/config) and every plugin's parameters
+# (pkg/epp): what the operator renders is checked against the pinned release's own code.
+INFERENCE_EXTENSION_SOURCE = ("cmd/epp", "pkg/epp", "pkg/common", "apix/config")
+
+
 def fetch_inference_extension(version: str, out: Path, work: Path) -> None:
     """The InferencePool CRD (inference.networking.k8s.io/v1) of the Gateway API Inference
     Extension, from the same module and version as the endpoint picker (`[epp]`: the proxy
-    refuses the module's version list, but serves the exact version), and its
-    InferenceObjective CRD, which a pool's picker watches beside its pool."""
+    refuses the module's version list, but serves the exact version), its InferenceObjective
+    and InferenceModelRewrite CRDs, which a pool's picker watches beside its pool where they
+    are served, and the Go source of the picker's flags, config API and plugins (not tests),
+    under source/, for the contract test."""
+    module = f"sigs.k8s.io/gateway-api-inference-extension@{version}"
     _fetch_module_files(
-        "inference_extension", f"sigs.k8s.io/gateway-api-inference-extension@{version}",
+        "inference_extension", module,
         {"config/crd/bases/inference.networking.k8s.io_inferencepools.yaml":
              "inferencepools.yaml",
          "config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml":
-             "inferenceobjectives.yaml"}, out, work,
+             "inferenceobjectives.yaml",
+         "config/crd/bases/inference.networking.x-k8s.io_inferencemodelrewrites.yaml":
+             "inferencemodelrewrites.yaml"}, out, work,
     )
+    source = Path(_module_info("inference_extension", module, work)["Dir"])
+    for relative in INFERENCE_EXTENSION_SOURCE:
+        for path in sorted((source / relative).rglob("*.go")):
+            if path.name.endswith("_test.go"):
+                continue
+            target = out / "source" / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
 
 
 def fetch_gateway_api(version: str, out: Path, work: Path) -> None:

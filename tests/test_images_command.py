@@ -224,7 +224,7 @@ def test_with_the_mirror_config_nothing_renders_outside_the_mirror() -> None:
 
 def test_an_upstream_picker_is_listed_where_image_epp_names_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    upstream = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    upstream = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
     values = merge_values([mirror_values(), {"image": {"epp": upstream}}])
     assert outside(images_of(["--values", write(tmp_path, "v.yaml", values)], capsys)) == {
         upstream}

@@ -120,8 +120,11 @@ class ContainerResources(BaseModel):
 # render/routing.py writes, and published beside our other images: `<imageRegistry>/
 # endpoint-picker:<imageTag>`, so one registry override (or mirror) covers every image.
 EPP_IMAGE_NAME = "endpoint-picker"
-# Upstream's build of the same release, for eppImage where our registry is not reachable.
-UPSTREAM_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+# Upstream's build of the same release, for eppImage where our registry is not reachable: it
+# serves the pickers of spec.routing.mode InferenceGateway (a pool each), not the router's,
+# since v1.5.0 does not start on an endpoint selector without the patch our build carries
+# (runtime-images/epp/patches).
+UPSTREAM_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
 
 
 def _router_resources() -> ContainerResources:

@@ -70,7 +70,8 @@ NAMESPACED_RULES: list[Obj] = [
     {"apiGroups": ["gateway.networking.k8s.io"], "resources": ["httproutes"],
      "verbs": ["get", "list", "create", "patch", "delete"]},
     # handed to the pools' endpoint pickers only
-    {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives"],
+    {"apiGroups": ["inference.networking.x-k8s.io"],
+     "resources": ["inferenceobjectives", "inferencemodelrewrites"],
      "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["keda.sh"], "resources": ["scaledobjects"],
      "verbs": ["get", "list", "create", "patch", "delete"]},
@@ -338,6 +339,7 @@ def test_the_operator_holds_everything_it_grants_in_the_roles_it_renders() -> No
     assert {r for rule in granted for r in rule["resources"]} == {
         "modelversions", "modelversions/status", "deployments/scale", "leases", "pods",
         "configmaps", "deployments", "inferencepools", "inferenceobjectives",
+        "inferencemodelrewrites",
     }, "a new Role: pin it"
     for group, resource, verb, name in permissions(granted):
         assert allows(NAMESPACED_RULES, group, resource, verb, name), (group, resource, verb)
@@ -586,7 +588,7 @@ def test_every_config_key_reaches_the_operator(render: Render) -> None:
 
 
 def test_the_endpoint_picker_image_reaches_the_operator_only_when_set(render: Render) -> None:
-    image = "registry.example/mirror/epp:v1.2.0"
+    image = "registry.example/mirror/epp:v1.5.0"
     config = _config(render({"image": {"epp": image}}))
     assert config["eppImage"] == image
     assert OperatorConfig.model_validate(config).epp_image == image

@@ -31,7 +31,7 @@ CASES: dict[str, Obj] = {
     "defaults": {},
     "registry-slash-and-tag": {"image": {"registry": "registry.example/ml/", "tag": "0.2.0"}},
     "empty-tag-is-app-version": {"image": {"registry": "mirror.example/glm", "tag": ""}},
-    "epp": {"image": {"epp": "registry.example/mirror/epp:v1.2.0"}},
+    "epp": {"image": {"epp": "registry.example/mirror/epp:v1.5.0"}},
     "empty-epp-keeps-the-default": {"image": {"epp": ""}},
     "null-and-empty-keys-are-left-out": {"config": {"gatewayPort": None, "probes": {},
                                                     "defaultStorageClass": "fast"}},

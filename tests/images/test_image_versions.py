@@ -112,7 +112,7 @@ def test_the_endpoint_picker_follows_the_image_registry_unless_set() -> None:
     mirrored = OperatorConfig(imageRegistry="mirror.example/glm/", imageTag="0.2.0")
     assert mirrored.epp_image == "mirror.example/glm/endpoint-picker:0.2.0"
     assert mirrored.operator_image == "mirror.example/glm/glm-operator:0.2.0"
-    upstream = "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"
+    upstream = "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
     assert OperatorConfig(imageRegistry="mirror.example/glm", eppImage=upstream).epp_image \
         == upstream
     with pytest.raises(ValueError, match="eppImage"):

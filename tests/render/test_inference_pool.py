@@ -25,7 +25,7 @@ from render.invariants import problems
 
 # The picker's image pinned here, so the golden does not follow the operator's default.
 CONFIG = OperatorConfig.model_validate(
-    {"eppImage": "registry.k8s.io/gateway-api-inference-extension/epp:v1.2.0"})
+    {"eppImage": "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"})
 CANARY = (VersionRoute("glm-4-9b-q4", 90), VersionRoute("glm-4.6-q4", 10))
 
 
@@ -66,6 +66,7 @@ def test_a_pool_per_version_selects_its_main_pool_pods_behind_their_gateway_port
         "glm-operator.dev/pool": "main"}}
     assert canary["spec"]["selector"]["matchLabels"]["glm-operator.dev/version"] == "glm-4.6-q4"
     assert stable["spec"]["targetPorts"] == [{"number": CONFIG.gateway_port}]
+    assert stable["spec"]["appProtocol"] == "http"  # the gateway's HTTP/1.1, as read back
     assert stable["spec"]["endpointPickerRef"] == {
         "group": "", "kind": "Service", "name": pool_epp_name("chat", "glm-4-9b-q4"),
         "port": {"number": 9002}, "failureMode": "FailClose"}
@@ -82,7 +83,7 @@ def test_each_pool_has_its_own_picker_bound_to_it_by_name() -> None:
         args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args[args.index("--pool-name") + 1] == pool
         assert args[args.index("--pool-namespace") + 1] == "team"
-        # v1.2.0 refuses --endpoint-selector beside --pool-name; the gateways connect over
+        # v1.5.0 refuses --endpoint-selector beside --pool-name; the gateways connect over
         # TLS, the picker's default.
         assert "--endpoint-selector" not in args and "--secure-serving=false" not in args
         [service] = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] == epp]
@@ -94,7 +95,8 @@ def test_each_pool_has_its_own_picker_bound_to_it_by_name() -> None:
         pools_rule = next(r for r in role["rules"] if r["resources"] == ["inferencepools"])
         assert pools_rule["resourceNames"] == [pool]
         assert pools_rule["verbs"] == ["get", "list", "watch"]
-        assert any(r["resources"] == ["inferenceobjectives"] for r in role["rules"])
+        assert any(r["resources"] == ["inferenceobjectives", "inferencemodelrewrites"]
+                   for r in role["rules"])
     # Every picker before its pool, the route last: the route names the pools.
     assert objects[-1]["kind"] == "HTTPRoute"
 

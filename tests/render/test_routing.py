@@ -224,13 +224,11 @@ def test_the_picker_selects_the_main_pools_engine_pods_and_scores_on_gateway_met
     assert option(args, "--endpoint-selector") == \
         "glm-operator.dev/service=chat,glm-operator.dev/pool=main"
     assert option(args, "--endpoint-target-ports") == "8080"
-    assert option(args, "--total-queued-requests-metric") == "glm_gateway_requests_queued"
-    assert option(args, "--kv-cache-usage-percentage-metric") == \
-        "glm_gateway_kv_cache_usage_ratio"
     assert option(args, "--config-file") == "/etc/epp/config.yaml"
     assert option(args, "--pool-namespace") == "models"
-    assert "--pool-name" not in args  # v1.2.0 refuses it beside --endpoint-selector
-    assert {"--lora-info-metric=", "--cache-info-metric="} <= set(args)
+    assert "--pool-name" not in args  # v1.5.0 refuses it beside --endpoint-selector
+    # v1.5.0 refuses the metric flags: the names are in the config's engineConfigs.
+    assert not [a for a in args if a.endswith("-metric") or "-metric=" in a], args
     assert {p["containerPort"] for p in c["ports"]} == {9002, 9003, 9090}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == 9003
@@ -241,6 +239,18 @@ def test_the_picker_selects_the_main_pools_engine_pods_and_scores_on_gateway_met
     weights = {p["pluginRef"]: p.get("weight") for p in config["schedulingProfiles"][0]["plugins"]}
     assert weights == {"prefix-cache-scorer": 3, "queue-scorer": 2,
                        "kv-cache-utilization-scorer": 2, "max-score-picker": None}
+    # The pods are read on the gateway's series, through an engine type of our own that is
+    # the default for pods without the engine-type label (ours carry none).
+    extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+    assert extractor["parameters"] == {
+        "defaultEngine": "glm-gateway",
+        "engineConfigs": [{"name": "glm-gateway",
+                           "queuedRequestsSpec": "glm_gateway_requests_queued",
+                           "kvUsageSpec": "glm_gateway_kv_cache_usage_ratio"}]}
+    assert config["dataLayer"] == {"sources": [{
+        "pluginRef": "metrics-data-source",
+        "extractors": [{"pluginRef": "core-metrics-extractor"}]}]}
+    assert "featureGates" not in config and "flowControl" not in config  # docs/routing.md
     # A changed config rolls the picker (it reads the file once).
     assert epp["spec"]["template"]["metadata"]["annotations"]["glm-operator.dev/config-hash"]
 
@@ -249,10 +259,10 @@ def test_the_operator_config_chooses_the_picker_image() -> None:
     from glm_operator.config import OperatorConfig
 
     svc = service("llamacpp", "a100x2", routing={"mode": "EndpointPicker"}, replicas=2)
-    config = OperatorConfig(imageTag="0.1.0", eppImage="mirror.example/epp:v1.2.0")
+    config = OperatorConfig(imageTag="0.1.0", eppImage="mirror.example/epp:v1.5.0")
     objects = render_service(inputs(svc, model_version("gguf"), config=config))
     assert container(find(objects, "Deployment", "chat-epp"), "epp")["image"] == \
-        "mirror.example/epp:v1.2.0"
+        "mirror.example/epp:v1.5.0"
 
 
 def test_router_and_picker_rbac_is_narrow() -> None:

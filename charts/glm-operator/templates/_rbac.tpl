@@ -93,7 +93,8 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
 # What an inference gateway reads (spec.routing.mode InferenceGateway, when the Inference
 # Extension's and Gateway API's CRDs are installed): a pool per version, listed at every
 # reconcile for its status (the gateway's answer), and the HTTPRoute. get, list and watch of
-# the pools and of InferenceObjectives are handed to each pool's endpoint picker.
+# the pools, InferenceObjectives and InferenceModelRewrites are handed to each pool's
+# endpoint picker (it watches the last two where their CRDs are served).
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [get, list, watch, create, patch, delete]
@@ -101,7 +102,7 @@ mounted into the model and fetch pods by name); it never gets, writes or deletes
   resources: [httproutes]
   verbs: [get, list, create, patch, delete]
 - apiGroups: [inference.networking.x-k8s.io]
-  resources: [inferenceobjectives]
+  resources: [inferenceobjectives, inferencemodelrewrites]
   verbs: [get, list, watch]
 # The main pool's KEDA ScaledObject (when KEDA is installed); list: once per service after a
 # start, to prune one a scaler switch or a rollout left behind.

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from glm_operator.config import ContainerResources, OperatorConfig
+from glm_operator.gateway.metrics import KV_CACHE_USAGE_RATIO, REQUESTS_QUEUED
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
 from glm_operator.render.names import (
@@ -66,29 +67,61 @@ def engine_pods_selector(service: str) -> str:
     return f"{SERVICE_LABEL}={label_value(service)},{POOL_LABEL}={MAIN_POOL}"
 
 
-def endpoint_picker_config() -> dict[str, Any]:
-    """The EPP's EndpointPickerConfig (v1.2.0's schema), in one place to change.
+# The engine type under which the picker reads our gateway's series (the core metrics
+# extractor's engineConfigs). Every engine pod is scraped at its gateway sidecar's port (the
+# pool's target port), whose /metrics carries the gateway's own names for every engine and
+# accelerator, never the engine's (llama-server has no KV-usage gauge at all): so it is the
+# default engine, for pods without the Inference Extension's engine-type label, which ours
+# never carry. The extractor keeps its built-in vLLM, SGLang and TensorRT-LLM mappings beside
+# it, but no pod of ours is read by them.
+GATEWAY_ENGINE = "glm-gateway"
+# The prefix index's block: 16 tokens of about 4 characters (the picker's own estimate, fixed
+# in v1.5.0), 64 characters of the prompt, the block of the router's own index
+# (router/prefix.py BLOCK_CHARS), whose predicted hits are read beside the engines' cache hits.
+PREFIX_BLOCK_TOKENS = 16
 
-    Every pod gets a score per scorer, weighted; the picker takes the best. Prefix affinity
-    weighs most (3): a pod holding a request's prompt prefix in its KV cache skips that
-    prefill, the largest saving a pick can make for chats and agents that resend their
-    history. Queue (2) and KV-cache use (2) keep a hot pod from being chosen for its prefix
-    alone: a pod with waiting requests or a full cache would make the request wait or evict
-    what it holds. These are the weights of the EPP's own default profile: a full prefix
+
+def endpoint_picker_config() -> dict[str, Any]:
+    """The EPP's EndpointPickerConfig (v1.5.0's schema: apix/config/v1alpha1 and each
+    plugin's parameters; tests/render/test_epp_contract.py checks every key against the
+    module's source), in one place to change.
+
+    What it reads: each pod's /metrics (metrics-data-source, at the pool's target port: the
+    gateway sidecar's), turned into a queue length and a KV-cache share by the
+    core-metrics-extractor through `engineConfigs` (GATEWAY_ENGINE above). The running
+    requests, LoRA and cache-info specs are left empty: no gateway exports them, and an empty
+    spec is not scraped.
+
+    How it scores: every pod gets a score per scorer, weighted; the picker takes the best.
+    Prefix affinity weighs most (3): a pod holding a request's prompt prefix in its KV cache
+    skips that prefill, the largest saving a pick can make for chats and agents that resend
+    their history. Queue (2) and KV-cache use (2) keep a hot pod from being chosen for its
+    prefix alone: a pod with waiting requests or a full cache would make the request wait or
+    evict what it holds. These are the weights of the EPP's own default profile: a full prefix
     match outweighs either load signal alone, not both (every scorer gives 0..1).
 
-    The prefix scorer's autoTune is off: it would read the block size from the cache-info
-    metric, which our gateways do not export (epp_args turns it off); blockSize counts
-    characters of the prompt (64, about 16 tokens), lruCapacityPerServer blocks. The picker
-    returns one pod: the router sends the request there.
+    The prefix scorer reads what the approx-prefix-cache-producer matched (v1.5.0 split the
+    two): its autoTune is off, since it would read the block size and GPU blocks from the
+    cache-info metric, which our gateways do not export; blockSizeTokens 16 (64 characters),
+    lruCapacityPerServer in blocks. The picker returns one pod: the router sends the request
+    there. Flow control (queueing, priority bands, shedding) stays off: docs/routing.md says
+    why.
     """
     return {
         "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
         "kind": "EndpointPickerConfig",
         "plugins": [
-            {"type": "prefix-cache-scorer",
-             "parameters": {"autoTune": False, "blockSize": 64, "maxPrefixBlocksToMatch": 256,
-                            "lruCapacityPerServer": 31250}},
+            {"type": "metrics-data-source",
+             "parameters": {"scheme": "http", "path": "/metrics"}},
+            {"type": "core-metrics-extractor",
+             "parameters": {"defaultEngine": GATEWAY_ENGINE,
+                            "engineConfigs": [{"name": GATEWAY_ENGINE,
+                                               "queuedRequestsSpec": REQUESTS_QUEUED,
+                                               "kvUsageSpec": KV_CACHE_USAGE_RATIO}]}},
+            {"type": "approx-prefix-cache-producer",
+             "parameters": {"autoTune": False, "blockSizeTokens": PREFIX_BLOCK_TOKENS,
+                            "maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}},
+            {"type": "prefix-cache-scorer"},
             {"type": "queue-scorer"},
             {"type": "kv-cache-utilization-scorer"},
             {"type": "max-score-picker", "parameters": {"maxNumOfEndpoints": 1}},
@@ -103,15 +136,16 @@ def endpoint_picker_config() -> dict[str, Any]:
                 {"pluginRef": "max-score-picker"},
             ],
         }],
+        "dataLayer": {"sources": [{"pluginRef": "metrics-data-source",
+                                   "extractors": [{"pluginRef": "core-metrics-extractor"}]}]},
     }
 
 
 def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
     """The EPP's flags: standalone (no InferencePool: pods found by label, in
-    --pool-namespace), plain gRPC inside the cluster, and the metrics it scores on read from
-    our gateways' /metrics, which export the queue and KV-cache series for llama.cpp and vLLM
-    alike. No --pool-name: v1.2.0 refuses it beside --endpoint-selector (e2e/epp.py runs
-    this release with these flags)."""
+    --pool-namespace), plain gRPC inside the cluster; what it scrapes and scores on is in its
+    config (endpoint_picker_config). No --pool-name: v1.5.0 refuses it beside
+    --endpoint-selector (e2e/epp.py runs this release with these flags)."""
     return [
         "--pool-namespace", namespace,
         "--endpoint-selector", engine_pods_selector(service),
@@ -119,18 +153,18 @@ def epp_args(service: str, namespace: str, config: OperatorConfig) -> list[str]:
         *_serving_args(),
         # The router talks to it inside the cluster, over the pod network.
         "--secure-serving=false",
-        *_scoring_args(config),
+        *_scoring_args(),
     ]
 
 
-def pool_epp_args(pool: str, namespace: str, config: OperatorConfig) -> list[str]:
+def pool_epp_args(pool: str, namespace: str) -> list[str]:
     """The flags of a picker that serves one InferencePool (spec.routing.mode
-    InferenceGateway): the pool names its pods and their port (--pool-name; v1.2.0 binds
+    InferenceGateway): the pool names its pods and their port (--pool-name; v1.5.0 binds
     one picker to one pool and refuses --endpoint-selector beside it). It serves TLS with
-    its own self-signed certificate (v1.2.0's default, --secure-serving): the gateways that
+    its own self-signed certificate (v1.5.0's default, --secure-serving): the gateways that
     implement the Inference Extension connect to it so, as to the picker of its chart."""
     return ["--pool-name", pool, "--pool-namespace", namespace, *_serving_args(),
-            *_scoring_args(config)]
+            *_scoring_args()]
 
 
 def _serving_args() -> list[str]:
@@ -138,20 +172,14 @@ def _serving_args() -> list[str]:
             "--metrics-port", str(EPP_METRICS_PORT)]
 
 
-def _scoring_args(config: OperatorConfig) -> list[str]:
-    port = str(config.gateway_port)
+def _scoring_args() -> list[str]:
+    """v1.5.0 takes the metric names and where to scrape them from its config only (the
+    metric flags are refused, the scrape port and path flags deprecated): each pod is scraped
+    at the pool's target port, the gateway's, as the router reaches it."""
     return [
         # Scraped inside the cluster without a token (the EPP would check one with a
         # TokenReview, which needs a ClusterRole).
         "--metrics-endpoint-auth=false",
-        "--model-server-metrics-port", port,
-        "--model-server-metrics-path", "/metrics",
-        "--total-queued-requests-metric", "glm_gateway_requests_queued",
-        "--kv-cache-usage-percentage-metric", "glm_gateway_kv_cache_usage_ratio",
-        # Neither is exported by our gateways (no LoRA adapters; the KV block size is not
-        # needed with the prefix scorer's autoTune off): an empty name turns the scrape off.
-        "--lora-info-metric=",
-        "--cache-info-metric=",
         "--tracing=false",  # no OpenTelemetry collector to export to
         "--enable-pprof=false",
         "--config-file", f"{EPP_CONFIG_DIR}/{EPP_CONFIG_KEY}",
@@ -273,10 +301,12 @@ def epp_rules() -> list[dict[str, Any]]:
 
 def pool_epp_rules(pool: str) -> list[dict[str, Any]]:
     """A pool's picker also watches its InferencePool (listed by name: RBAC matches the
-    field selector against resourceNames) and the InferenceObjectives of its namespace
-    (v1.2.0 watches them whenever it serves a pool)."""
+    field selector against resourceNames) and, where their CRDs are served, the
+    InferenceObjectives and InferenceModelRewrites of its namespace (v1.5.0 looks both up
+    through discovery when it serves a pool, and watches each one it finds)."""
     return [*epp_rules(),
             {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
              "resourceNames": [pool], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["inference.networking.x-k8s.io"],
-             "resources": ["inferenceobjectives"], "verbs": ["get", "list", "watch"]}]
+             "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+             "verbs": ["get", "list", "watch"]}]

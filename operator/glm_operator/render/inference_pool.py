@@ -6,7 +6,7 @@ pure.
                           sidecar's port, its picker by endpointPickerRef and
                           spec.routing.failureMode.
     <svc>-epp-<version>   the picker of that pool (render/endpoint_picker.py's six objects,
-                          with --pool-name): v1.2.0 binds one picker to one pool.
+                          with --pool-name): v1.5.0 binds one picker to one pool.
     <svc>                 HTTPRoute (gateway.networking.k8s.io/v1) under spec.routing.gatewayRef
                           on the service's hostnames: a rule per version that an
                           `x-glm-version` header pins, then the weighted rule with the
@@ -53,8 +53,9 @@ INFERENCE_POOL_API = f"{INFERENCE_GROUP}/v1"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 HTTP_ROUTE_API = f"{GATEWAY_GROUP}/v1"
 # What the operator needs served to write for an inference gateway: the pools and the route,
-# and the InferenceObjective CRD that a pool's picker (v1.2.0) watches beside its pool (it
-# does not start without it; the Inference Extension's manifests install all three kinds).
+# and the InferenceObjective CRD that a pool's picker watches beside its pool (v1.2.0 did
+# not start without it; v1.5.0 watches it where it is served; the Inference Extension's
+# manifests install every kind).
 INFERENCE_POOL_CRD = f"inferencepools.{INFERENCE_GROUP}"
 HTTP_ROUTE_CRD = f"httproutes.{GATEWAY_GROUP}"
 INFERENCE_OBJECTIVE_CRD = "inferenceobjectives.inference.networking.x-k8s.io"
@@ -108,6 +109,9 @@ def build_inference_pool(inputs: GatewayInputs, model_version: str) -> dict[str,
                              labels, inputs.owner),
         selector=pool_selector(inputs.service, model_version, MAIN_POOL),
         target_ports=[{"number": inputs.config.gateway_port}],
+        # What the gateway sidecar speaks, HTTP/1.1, and v1.5.0's CRD default: written out so
+        # the pool read back is the pool written (no drift at every reconcile).
+        app_protocol="http",
         # group and kind as the API server would default them: read back unchanged.
         endpoint_picker_ref={"group": "", "kind": "Service",
                              "name": pool_epp_name(inputs.service, model_version),
@@ -171,7 +175,7 @@ def _picker(inputs: GatewayInputs, model_version: str) -> list[dict[str, Any]]:
     labels = {**common_labels(inputs.service, EPP_COMPONENT), INFERENCE_POOL_LABEL: pool}
     objects = picker_objects(Picker(
         name=name, labels=labels, selector=dict(labels),
-        args=pool_epp_args(pool, inputs.namespace, inputs.config),
+        args=pool_epp_args(pool, inputs.namespace),
         rules=pool_epp_rules(pool),
         # The name the Inference Extension's chart gives it (a gRPC port to Istio).
         grpc_port={"name": "grpc-ext-proc", "port": EPP_GRPC_PORT, "targetPort": "grpc",
