@@ -135,6 +135,11 @@ def layout_cases() -> dict[str, list[str]]:
                              concurrency=4, layout=layout))
         assert p.feasible and p.vllm is not None and p.vllm.layout == layout, p.reason
         cases[f"layout:{layout}"] = vllm_argv(p, "/models/glm-5", 8000, "glm-5")
+    p = plan(PlanRequest(facts=glm5, quantization="fp8", engine="vllm",
+                         accelerator="nvidia-h200", count=8, context_length=131072,
+                         concurrency=4, layout="dep", rank_tensor_parallel=2))
+    assert p.feasible and p.vllm is not None, p.reason
+    cases["layout:dep4xtp2"] = vllm_argv(p, "/models/glm-5", 8000, "glm-5")
     return cases
 
 

@@ -180,3 +180,24 @@ def test_the_issues_example_through_the_cli(
     summary = json.loads(capsys.readouterr().out)
     assert summary["vllm"]["layout"] == "dep" and summary["vllm"]["data_parallel_size"] == 8
     assert summary["nodes"] == 1
+
+
+def test_dep_with_tensor_parallelism_inside_each_rank() -> None:
+    """DEP4xTP2: four DP ranks of two devices; attention split by the rank's TP, the experts
+    over all eight devices, each rank's sequences on both of its devices."""
+    dep8 = plan(_glm5(layout="dep", concurrency=8))
+    dep4 = plan(_glm5(layout="dep", concurrency=8, rank_tensor_parallel=2))
+    assert dep4.feasible and dep4.vllm is not None and dep8.vllm is not None, dep4.reason
+    v = dep4.vllm
+    assert (v.tensor_parallel_size, v.data_parallel_size, v.max_num_seqs) == (2, 4, 2)
+    split = mem.moe_weights(GLM5, mem.weights_bytes(GLM5, "fp8").bytes)
+    assert dep4.memory.weights == split.replicated // 2 + split.experts // 8
+    assert dep4.memory.kv == 2 * dep8.memory.kv  # twice the sequences per rank, MLA whole
+    assert [lc.label for lc in dep4.layouts][-1] == "DEP4xTP2"
+    argv = vllm_argv(dep4, "/m", 8000, "glm-5")
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert argv[argv.index("--data-parallel-size") + 1] == "4"
+    with pytest.raises(ValueError, match="must divide count"):
+        _glm5(rank_tensor_parallel=3)
+    one_rank = plan(_glm5(layout="dep", rank_tensor_parallel=8))
+    assert not one_rank.feasible and "two data-parallel ranks" in one_rank.reason

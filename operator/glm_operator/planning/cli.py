@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="vLLM: force a layout (tp; dcp: TP with decode context parallelism; "
                           "dep: data-parallel attention + expert parallelism); default: the "
                           "planner chooses")
+    req.add_argument("--rank-tp", type=int, default=1, metavar="N",
+                     help="vLLM DEP: tensor parallel size inside each data-parallel rank "
+                          "(count / N ranks; default 1)")
     req.add_argument("--kv-unified", action="store_true")
     req.add_argument("--no-mmap", action="store_true")
     req.add_argument("--allow-partial-offload", action="store_true")
@@ -229,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             node_memory_bytes=int(args.node_memory_gib * 1024**3) if args.node_memory_gib else None,
             cpu_cores=args.cpu_cores,
             layout=args.layout,
+            rank_tensor_parallel=args.rank_tp,
         )
         result = plan(request, profiles)
     except (ValueError, OSError) as exc:

@@ -86,10 +86,16 @@ class PlanRequest:
     # vLLM: the layout of the devices (LAYOUTS); None: the planner chooses (the fewest
     # devices that fit, ties to the lower-latency layout). A forced one is planned as asked.
     layout: str | None = None
+    # vLLM DEP: tensor parallel size inside each data-parallel rank (count / this = the DP
+    # ranks); 1: one rank per device.
+    rank_tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.rank_tensor_parallel < 1 or self.count % self.rank_tensor_parallel:
+            raise ValueError(f"rank_tensor_parallel ({self.rank_tensor_parallel}) must divide "
+                             f"count ({self.count})")
         if self.count < 1:
             raise ValueError(f"count must be >= 1, got {self.count}")
         if self.nodes < 1:
@@ -355,6 +361,9 @@ def _layout_problem(request: PlanRequest, profile: AcceleratorProfile, layout: s
                     "(raise spec.replicas); DEP splits a MoE model's experts")
         if request.nodes > 1:
             return "DEP across nodes is not rendered yet: one node (nodes 1)"
+        if request.count // request.rank_tensor_parallel < 2:
+            return (f"DEP needs at least two data-parallel ranks: {request.count} devices of "
+                    f"{request.rank_tensor_parallel} per rank make one")
         return None
     if not facts.is_mla:
         return (f"{name} shards an MLA latent cache that every TP rank would copy; "
@@ -800,8 +809,9 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = 
     facts = request.facts
     pp = request.nodes
     dep, dcp_layout = layout == "dep", layout == "dcp"
-    tp = 1 if dep else request.count  # devices per node: TP ranks, or DP ranks for DEP
-    dp = request.count if dep else 1
+    # devices per node: TP ranks, or DP ranks of rank_tensor_parallel devices each for DEP
+    tp = request.rank_tensor_parallel if dep else request.count
+    dp = request.count // tp if dep else 1
     dcp = request.count if dcp_layout else 1
     kv_dtype = request.kv_cache_type or default_vllm_kv_dtype(facts, profile)
     if kv_dtype not in mem.VLLM_KV_TYPES:
@@ -840,7 +850,7 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = 
         # Attention, dense layers, shared experts and embeddings whole on every DP rank; the
         # routed experts split over the EP ranks (every device of the node).
         split = mem.moe_weights(facts, weights.bytes)
-        gpu_weights = split.replicated + split.experts // request.count
+        gpu_weights = split.replicated // tp + split.experts // request.count
         overhead += VLLM_EP_ALL2ALL_BYTES
     else:
         gpu_weights = int(weights.bytes * stage_share) // tp
