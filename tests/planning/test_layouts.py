@@ -201,3 +201,16 @@ def test_dep_with_tensor_parallelism_inside_each_rank() -> None:
         _glm5(rank_tensor_parallel=3)
     one_rank = plan(_glm5(layout="dep", rank_tensor_parallel=8))
     assert not one_rank.feasible and "two data-parallel ranks" in one_rank.reason
+
+
+def test_geforce_cards_split_layers_not_tensors() -> None:
+    """No NVLink on GeForce: llama.cpp gives each card whole layers (--split-mode layer),
+    and the CLI says so; a vLLM TP plan on them warns."""
+    p = plan(PlanRequest(facts=GLM4_9B, quantization="Q8_0", engine="llamacpp",
+                         accelerator="nvidia-rtx-4060", count=2, context_length=32768))
+    assert p.feasible and p.llamacpp is not None and p.llamacpp.tensor_split == (21, 20)
+    assert any(line.startswith("--split-mode") and line.endswith("layer; --tensor-split 21,20")
+               for line in format_plan(p).splitlines())
+    tp = plan(PlanRequest(facts=GLM4_9B, quantization="bf16", engine="vllm",
+                          accelerator="nvidia-rtx-4090", count=2, context_length=8192))
+    assert any("no NVLink" in w for w in tp.warnings)

@@ -132,6 +132,9 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
         if s.rpc_workers:
             rows.append(("--rpc", f"{s.rpc_workers} ggml-rpc-server workers; --tensor-split "
                                   + ",".join(str(n) for n in s.tensor_split)))
+        elif s.tensor_split:  # several devices of one node: whole layers each, no NVLink needed
+            rows.append(("--split-mode", "layer; --tensor-split "
+                         + ",".join(str(n) for n in s.tensor_split)))
     if p.vllm:
         v = p.vllm
         rows += [
