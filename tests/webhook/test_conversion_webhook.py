@@ -41,6 +41,10 @@ def stub_convert(obj: dict[str, Any], desired: str) -> dict[str, Any]:
         raise StubConversionError("spec.bad cannot be expressed")
     if spec.get("explode"):
         raise KeyError("a bug")
+    if spec.get("rename"):
+        out["metadata"]["name"] = "renamed"
+    if spec.get("stay"):
+        return out
     if desired == V2 and "contextLength" in spec:
         spec["pool"] = {"contextLength": spec.pop("contextLength")}
     elif desired == V1 and "pool" in spec:
@@ -91,6 +95,9 @@ def test_an_empty_review_succeeds() -> None:
 @pytest.mark.parametrize(("objects", "desired", "says"), [
     ([glms("a", bad=True)], V2, "ns/a cannot be converted to " + V2 + ": spec.bad cannot"),
     ([glms("a", explode=True)], V2, "ns/a: internal error converting to " + V2 + ": KeyError"),
+    ([glms("a", rename=True)], V2, "ns/a: the conversion changed metadata.name"),
+    ([glms("a", stay=True)], V2, "ns/a: the conversion changed apiVersion to "
+                                 "'serving.glm-operator.dev/v1alpha1', not " + V2),
     ([glms("a")], f"{GROUP}/v9", "'serving.glm-operator.dev/v9' is not served here"),
     ([glms("a")], "apps/v1", "'apps/v1' is not served here"),
     ([{**glms("a"), "apiVersion": "apps/v1"}], V2, "ns/a: apiVersion 'apps/v1' is not served"),

@@ -160,6 +160,21 @@ def _object_name(obj: Any) -> str:
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"[:300]
 
 
+def _identity_changed(before: dict[str, Any], after: Any, desired: str) -> str:
+    """What a conversion may not change (the API server checks it too), or ''."""
+    if not isinstance(after, dict):
+        return "the object into a non-object"
+    if after.get("apiVersion") != desired:
+        return f"apiVersion to {str(after.get('apiVersion'))[:100]!r}, not {desired}"
+    if after.get("kind") != before.get("kind"):
+        return "kind"
+    old, new = before.get("metadata") or {}, after.get("metadata") or {}
+    for key in ("name", "namespace", "uid", "resourceVersion", "generation"):
+        if old.get(key) != new.get(key):
+            return f"metadata.{key}"
+    return ""
+
+
 def answer_review(body: bytes, converter: Converter) -> tuple[HTTPStatus, dict[str, Any]]:
     """The HTTP status and ConversionReview answering `body`. Never raises."""
     try:
@@ -198,7 +213,14 @@ def answer_review(body: bytes, converter: Converter) -> tuple[HTTPStatus, dict[s
                 uid, f"{_object_name(obj)}: apiVersion {str(obj.get('apiVersion'))[:100]!r} "
                      f"is not served here: {', '.join(served)}")
         try:
-            converted.append(converter.convert(obj, desired))
+            result = converter.convert(obj, desired)
+            changed = _identity_changed(obj, result, desired)
+            if changed:
+                # The API server would refuse the whole review; say which object and why.
+                REVIEWS.labels("Failure").inc()
+                return HTTPStatus.OK, _failure(
+                    uid, f"{_object_name(obj)}: the conversion changed {changed}")
+            converted.append(result)
         except ValueError as exc:  # ConversionError and its kin: the input cannot convert
             REVIEWS.labels("Failure").inc()
             return HTTPStatus.OK, _failure(
