@@ -38,7 +38,9 @@ import yaml
 LINK_RANGE = ipaddress.IPv4Network("10.250.0.0/16")
 # A second server of the same cluster (KEDA's metrics API, e2e/keda_controller.py) gets a
 # link of its own: its range and the letter in its names.
-LINKS = {"": LINK_RANGE, "k": ipaddress.IPv4Network("10.251.0.0/16")}
+# The operator serving the conversion webhook (e2e/test_upgrade_v1alpha2.py) gets a third.
+LINKS = {"": LINK_RANGE, "k": ipaddress.IPv4Network("10.251.0.0/16"),
+         "u": ipaddress.IPv4Network("10.252.0.0/16")}
 LINK_PREFIX = 30
 COMMAND_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0

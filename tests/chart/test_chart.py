@@ -180,7 +180,9 @@ def test_default_render_has_the_operator_and_nothing_optional(render: Render) ->
         ("PodDisruptionBudget", "glm-glm-operator"),
         ("Role", "glm-glm-operator-leader-election"),
         ("RoleBinding", "glm-glm-operator-leader-election"),
+        ("Secret", "glm-glm-operator-webhook-tls"),
         ("Service", "glm-glm-operator-metrics"),
+        ("Service", "glm-glm-operator-webhook"),
         ("ServiceAccount", "glm-glm-operator"),
     ]
     for obj in objs:
@@ -462,8 +464,9 @@ def test_long_names_are_truncated_to_63(render: Render, values: dict[str, Any],
             assert DNS_LABEL.match(obj["metadata"]["name"]), obj["metadata"]["name"]
     names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs]
     assert len(names) == len(set(names)), "two objects got the same truncated name"
-    service = one(objs, "Service")["metadata"]["name"]
-    assert service.endswith("-metrics") and service[0].isalpha()
+    services = sorted(o["metadata"]["name"] for o in find(objs, "Service"))
+    assert [s.rsplit("-", 1)[1] for s in services] == ["metrics", "webhook"]
+    assert all(s[0].isalpha() for s in services)
     assert one(objs, "Role", namespace="glm-system")["metadata"]["name"].endswith(
         "-leader-election")
 
@@ -687,8 +690,13 @@ def test_monitoring_objects_follow_their_switches(render: Render) -> None:
                                "dashboard": {"enabled": True, "namespace": "grafana"}}})
     monitor = one(objs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kps"
-    service = one(objs, "Service")
+    service = one(objs, "Service", "glm-glm-operator-metrics")
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    # It selects the metrics Service only, not the webhook's.
+    selected = [o["metadata"]["name"] for o in find(objs, "Service")
+                if monitor["spec"]["selector"]["matchLabels"].items()
+                <= o["metadata"]["labels"].items()]
+    assert selected == ["glm-glm-operator-metrics"]
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     dashboard = one(objs, "ConfigMap", namespace="grafana")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"

@@ -102,4 +102,65 @@ set (null scalars and empty sections keep the operator's defaults).
 {{- if eq .Values.healthPort .Values.metrics.port -}}
 {{- fail "healthPort and metrics.port must differ" -}}
 {{- end -}}
+{{- $hook := .Values.conversionWebhook -}}
+{{- if or (eq (int $hook.port) (int .Values.healthPort)) (eq (int $hook.port) (int .Values.metrics.port)) -}}
+{{- fail "conversionWebhook.port must differ from healthPort and metrics.port" -}}
+{{- end -}}
+{{- if and $hook.certManagerInjectFrom (not $hook.certSecret) -}}
+{{- fail "conversionWebhook.certManagerInjectFrom needs conversionWebhook.certSecret: the Secret cert-manager writes the webhook's certificate to" -}}
+{{- end -}}
+{{- if and $hook.certSecret (not $hook.caBundle) (not $hook.certManagerInjectFrom) -}}
+{{- fail "conversionWebhook.certSecret needs conversionWebhook.caBundle (the PEM CA that signed it) or conversionWebhook.certManagerInjectFrom: the API server must trust the webhook" -}}
+{{- end -}}
+{{- if and $hook.caBundle $hook.certManagerInjectFrom -}}
+{{- fail "conversionWebhook.caBundle and conversionWebhook.certManagerInjectFrom exclude each other: cert-manager's cainjector writes the caBundle" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The conversion webhook's Service, the Secret of its serving certificate. */}}
+{{- define "glm-operator.webhookServiceName" -}}
+{{- include "glm-operator.suffixed" (list . "webhook") -}}
+{{- end -}}
+
+{{- define "glm-operator.webhookSecretName" -}}
+{{- default (include "glm-operator.suffixed" (list . "webhook-tls")) .Values.conversionWebhook.certSecret -}}
+{{- end -}}
+
+{{/*
+The webhook's CA and serving certificate as YAML ({ca, cert, key}, PEM), when the chart makes
+them (conversionWebhook.certSecret empty). The Secret already in the cluster is reused (helm
+`lookup`), so an upgrade keeps the certificate the CRD's caBundle trusts; otherwise a new CA
+and a certificate for <service>.<namespace>.svc are generated. Memoized on .Release: the
+Secret and the CRD's caBundle are rendered from the same pair in one render. Without a
+cluster (`helm template`, `--dry-run=client`) lookup finds nothing and every render
+generates a new pair.
+*/}}
+{{- define "glm-operator.webhookCert" -}}
+{{- if not (hasKey $.Release "glmOperatorWebhookCert") -}}
+{{- $secret := lookup "v1" "Secret" $.Release.Namespace (include "glm-operator.webhookSecretName" $) -}}
+{{- $data := dig "data" (dict) ($secret | default (dict)) -}}
+{{- $pair := dict -}}
+{{- if and (hasKey $data "ca.crt") (hasKey $data "tls.crt") (hasKey $data "tls.key") -}}
+{{- $pair = dict "ca" (get $data "ca.crt" | b64dec) "cert" (get $data "tls.crt" | b64dec) "key" (get $data "tls.key" | b64dec) -}}
+{{- else -}}
+{{- $service := include "glm-operator.webhookServiceName" $ -}}
+{{- $days := int $.Values.conversionWebhook.certValidityDays -}}
+{{- $ca := genCA (printf "%s-ca" $service) $days -}}
+{{- $names := list $service (printf "%s.%s" $service $.Release.Namespace) (printf "%s.%s.svc" $service $.Release.Namespace) -}}
+{{- $cert := genSignedCert (printf "%s.%s.svc" $service $.Release.Namespace) nil $names $days $ca -}}
+{{- $pair = dict "ca" $ca.Cert "cert" $cert.Cert "key" $cert.Key -}}
+{{- end -}}
+{{- $_ := set $.Release "glmOperatorWebhookCert" $pair -}}
+{{- end -}}
+{{- get $.Release "glmOperatorWebhookCert" | toYaml -}}
+{{- end -}}
+
+{{/* The base64 CA bundle the API server verifies the webhook with; empty when cert-manager injects it. */}}
+{{- define "glm-operator.webhookCABundle" -}}
+{{- $hook := .Values.conversionWebhook -}}
+{{- if $hook.certSecret -}}
+{{- $hook.caBundle | b64enc -}}
+{{- else -}}
+{{- include "glm-operator.webhookCert" . | fromYaml | dig "ca" "" | b64enc -}}
+{{- end -}}
 {{- end -}}
