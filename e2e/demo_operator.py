@@ -51,11 +51,11 @@ def heading(text: str) -> None:
 def manifests(sha256: str) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
          "metadata": {"name": MODEL_VERSION, "namespace": NAMESPACE},
          "spec": {"source": {"uri": f"pvc://demo-models/{MODEL_FILE}"}, "format": "gguf",
                   "quantization": "F32", "architecture": "llama", "sha256": sha256}},
-        {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
+        {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
          "metadata": {"name": SERVICE, "namespace": NAMESPACE},
          "spec": {"modelVersion": MODEL_VERSION, "accelerator": {"profile": "cpu"},
                   "contextLength": 2048, "concurrency": 2, "replicas": 1,

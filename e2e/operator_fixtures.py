@@ -116,7 +116,7 @@ def wait_serving(process: OperatorProcess, kubectl: Kubectl, namespace: str,
     not what it tests. A failure here shows the operator's log."""
     name = f"readiness-probe-{uuid.uuid4().hex[:5]}"
     kubectl.apply({
-        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"source": {"uri": "pvc://model-store/probe.gguf"}, "format": "gguf"},
     })

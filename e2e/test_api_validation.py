@@ -90,7 +90,7 @@ def test_defaults_printer_columns_and_scale(
     kubectl: Kubectl, glm_crds: list[str], namespace: str
 ) -> None:
     minimal = {
-        "apiVersion": "serving.glm-operator.dev/v1alpha1",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2",
         "kind": "GLMService",
         "metadata": {"name": "minimal"},
         "spec": {"modelVersion": "some-model", "accelerator": {"profile": "nvidia-l4"},
@@ -113,7 +113,7 @@ def test_defaults_printer_columns_and_scale(
     scale = json.loads(
         kubectl(
             "get", "--raw",
-            f"/apis/serving.glm-operator.dev/v1alpha1/namespaces/{namespace}/glmservices/minimal/scale",
+            f"/apis/serving.glm-operator.dev/v1alpha2/namespaces/{namespace}/glmservices/minimal/scale",
         ).stdout
     )  # fmt: skip
     assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 3
@@ -129,7 +129,7 @@ def test_defaults_printer_columns_and_scale(
 
 def test_status_is_a_subresource(kubectl: Kubectl, glm_crds: list[str], namespace: str) -> None:
     version = {
-        "apiVersion": "serving.glm-operator.dev/v1alpha1",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2",
         "kind": "ModelVersion",
         "metadata": {"name": "status-check"},
         "spec": {"source": {"uri": "pvc://models/a.gguf"}, "format": "gguf"},

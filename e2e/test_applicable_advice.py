@@ -45,7 +45,7 @@ Wait = Callable[..., Any]
 SERVICE_LABEL = "glm-operator.dev/service"
 POOL_LABEL = "glm-operator.dev/pool"
 PATCH = re.compile(r"kubectl patch glms \S+ -n \S+ --type merge -p '\{[^']*\}'")
-API = "serving.glm-operator.dev/v1alpha1"
+API = "serving.glm-operator.dev/v1alpha2"
 
 GLM4_9B_FACTS = {"blockCount": 40, "embeddingLength": 4096, "headCount": 32, "headCountKv": 2,
                  "keyLength": 128, "valueLength": 128, "contextLength": 32768,
@@ -160,7 +160,7 @@ def test_llamacpp_advice_applied_as_printed(
     q8 = model_version("glm4-9b-q8", "gguf", "Q8_0", GLM4_9B_FACTS, "12Gi")
     fetched(kubectl, namespace, f16, 18_800_000_000, wait_for)
     fetched(kubectl, namespace, q8, 9_990_000_000, wait_for)
-    base = service("advice", modelVersion="glm4-9b-f16", engine="llamacpp",
+    base = service("advice", modelVersion="glm4-9b-f16", engine={"llamacpp": {}},
                    accelerator={"profile": "nvidia-a10"}, contextLength=32768, concurrency=4)
     kubectl.apply(base, namespace=namespace)
     commands = proposed_patches(kubectl, namespace, "advice", wait_for)
@@ -172,13 +172,15 @@ def test_llamacpp_advice_applied_as_printed(
     kinds = set()
     for patch, plan, argv in results:
         spec = patch["spec"]
+        llamacpp = spec.get("engine", {}).get("llamacpp", {})
         kinds.update(spec)
-        if "kvCacheType" in spec:
+        kinds.update(f"engine.llamacpp.{k}" for k in llamacpp)
+        if "kvCacheType" in llamacpp:
             assert flag(argv, "--cache-type-k") == flag(argv, "--cache-type-v") \
-                == spec["kvCacheType"]
+                == llamacpp["kvCacheType"]
             assert flag(argv, "--flash-attn") == "on"
-        if "cpuOffload" in spec:
-            layers = spec["cpuOffload"]["acceleratorLayers"]
+        if llamacpp.get("acceleratorLayers"):
+            layers = llamacpp["acceleratorLayers"]
             assert flag(argv, "--n-gpu-layers") == str(layers)
             assert plan["llamacpp"]["nGpuLayers"] == layers
             # the CPU-resident layers' weights are planned host memory the pod requests
@@ -195,8 +197,8 @@ def test_llamacpp_advice_applied_as_printed(
         if "accelerator" in spec:
             for key, value in spec["accelerator"].items():
                 assert plan["accelerator" if key == "profile" else key] == value
-    assert {"kvCacheType", "cpuOffload", "concurrency", "contextLength", "modelVersion",
-            "accelerator"} <= kinds, kinds
+    assert {"engine.llamacpp.kvCacheType", "engine.llamacpp.acceleratorLayers", "concurrency",
+            "contextLength", "modelVersion", "accelerator"} <= kinds, kinds
 
 
 def test_long_context_pool_advice_applied_as_printed(
@@ -206,9 +208,9 @@ def test_long_context_pool_advice_applied_as_printed(
     # the service-wide engine settings, and each must turn the whole service feasible.
     mv = model_version("glm4-9b-q4", "gguf", "Q4_K_M", GLM4_9B_FACTS, "8Gi")
     fetched(kubectl, namespace, mv, 6_170_000_000, wait_for)
-    base = service("lc", modelVersion="glm4-9b-q4", engine="llamacpp",
+    base = service("lc", modelVersion="glm4-9b-q4", engine={"llamacpp": {}},
                    accelerator={"profile": "nvidia-a10"}, contextLength=8192, concurrency=2,
-                   longContext={"enabled": True, "contextLength": 32768, "concurrency": 12})
+                   longContext={"contextLength": 32768, "concurrency": 12})
     kubectl.apply(base, namespace=namespace)
     commands = proposed_patches(kubectl, namespace, "lc", wait_for)
     assert "long-context pool does not fit" in planned(
@@ -219,15 +221,17 @@ def test_long_context_pool_advice_applied_as_printed(
     for patch, _, argv in results:
         spec = patch["spec"]
         assert "contextLength" not in spec and "concurrency" not in spec, patch  # main's own
+        llamacpp = spec.get("engine", {}).get("llamacpp", {})
         kinds.update(spec)
         kinds.update(f"longContext.{k}" for k in spec.get("longContext", {}))
+        kinds.update(f"engine.llamacpp.{k}" for k in llamacpp)
         pool = spec.get("longContext", {})
         if "concurrency" in pool:
             assert flag(argv, "--parallel") == str(pool["concurrency"])
-        if "kvCacheType" in spec:
-            assert flag(argv, "--cache-type-v") == spec["kvCacheType"]
+        if "kvCacheType" in llamacpp:
+            assert flag(argv, "--cache-type-v") == llamacpp["kvCacheType"]
     assert {"longContext.concurrency", "longContext.contextLength",
-            "longContext.accelerator", "kvCacheType"} <= kinds, kinds
+            "longContext.accelerator", "engine.llamacpp.kvCacheType"} <= kinds, kinds
 
 
 def test_vllm_advice_applied_as_printed(
@@ -236,30 +240,33 @@ def test_vllm_advice_applied_as_printed(
     # CPU weight offload (--cpu-offload-gb) is one of the ways out.
     mv = model_version("glm4-32b-bf16", "safetensors", "bf16", GLM4_32B_FACTS, "70Gi")
     fetched(kubectl, namespace, mv, 65_133_600_000, wait_for)
-    base = service("vadvice", modelVersion="glm4-32b-bf16", engine="vllm",
+    base = service("vadvice", modelVersion="glm4-32b-bf16", engine={"vllm": {}},
                    accelerator={"profile": "nvidia-a100-80gb"}, contextLength=16384,
                    concurrency=16)
     kubectl.apply(base, namespace=namespace)
     commands = proposed_patches(kubectl, namespace, "vadvice", wait_for)
     results = apply_each_patch(kubectl, namespace, base, len(commands), wait_for)
-    offloads = [(patch, plan, argv) for patch, plan, argv in results
-                if "cpuOffload" in patch["spec"]]
+    def offload(patch: dict[str, Any]) -> int | None:
+        gib: int | None = patch["spec"].get("engine", {}).get("vllm", {}).get("cpuOffloadGiB")
+        return gib
+
+    offloads = [(patch, plan, argv) for patch, plan, argv in results if offload(patch)]
     assert offloads, [r[0] for r in results]
     for patch, plan, argv in offloads:
-        gib = patch["spec"]["cpuOffload"]["hostWeightsGiB"]
+        gib = offload(patch)
         assert flag(argv, "--cpu-offload-gb") == str(gib)
         assert plan["vllm"]["cpuOffloadGb"] == gib
         # the pinned host copy is requested: 4 GiB + 2 GiB per GPU + the offloaded weights
         assert plan["resources"]["memoryRequestBytes"] == (6 + gib) * 2**30
     for patch, _, argv in results:
-        if "cpuOffload" not in patch["spec"]:
+        if not offload(patch):
             assert "--cpu-offload-gb" not in argv
 
 
 @pytest.mark.llama
 def test_the_fields_argv_runs_on_the_pinned_llama_server(
         llama_binary: Path, tmp_path: Path) -> None:
-    """kvCacheType, kvUnified, loadMode and cpuOffload as a GLMService sets them, planned for
+    """engine.llamacpp's kvCacheType, kvUnified, loadMode and acceleratorLayers, planned for
     an A10 and rendered, started on the pinned llama-server (CPU build: -ngl has no device
     to fill, every other setting applies): it takes every flag, serves a chat, and its load
     log shows the KV types and the unified cache asked for."""
@@ -278,9 +285,10 @@ def test_the_fields_argv_runs_on_the_pinned_llama_server(
                            "sizeBytes": model.stat().st_size}},
     })
     svc = GLMService.model_validate(service(
-        "tiny", modelVersion="tiny", engine="llamacpp", accelerator={"profile": "nvidia-a10"},
-        contextLength=1024, concurrency=2, kvCacheType="q4_0", kvUnified=True,
-        loadMode="no-mmap", cpuOffload={"acceleratorLayers": 3}))
+        "tiny", modelVersion="tiny", accelerator={"profile": "nvidia-a10"},
+        contextLength=1024, concurrency=2,
+        engine={"llamacpp": {"kvCacheType": "q4_0", "kvUnified": True, "loadMode": "no-mmap",
+                             "acceleratorLayers": 3}}))
     svc.metadata.namespace = "ns"
     p = make_plan(plan_request_for(svc, mv))
     assert p.feasible, p.reason
@@ -302,7 +310,7 @@ def test_the_fields_argv_runs_on_the_pinned_llama_server(
 
 
 def test_the_fields_vllm_argv_is_what_the_pinned_vllm_reads() -> None:
-    """kvCacheType fp8 and cpuOffload.hostWeightsGiB, planned for an H200 and rendered, read by
+    """engine.vllm's kvCacheType fp8 and cpuOffloadGiB, planned for an H200 and rendered, read by
     the pinned vLLM's own command line into the engine's arguments."""
     try:
         python = ensure_vllm()
@@ -316,12 +324,11 @@ def test_the_fields_vllm_argv_is_what_the_pinned_vllm_reads() -> None:
         **{k: v for k, v in model_version("glm4-32b-bf16", "safetensors", "bf16",
                                            GLM4_32B_FACTS, "70Gi").items() if k == "spec"}})
     cases = {}
-    for name, extra in (("fp8-offload", {"kvCacheType": "fp8",
-                                         "cpuOffload": {"hostWeightsGiB": 6}}),
-                        ("auto-no-offload", {"kvCacheType": "auto"})):
+    for name, vllm in (("fp8-offload", {"kvCacheType": "fp8", "cpuOffloadGiB": 6}),
+                       ("auto-no-offload", {"kvCacheType": "auto"})):
         svc = GLMService.model_validate(service(
-            name, modelVersion="glm4-32b-bf16", engine="vllm",
-            accelerator={"profile": "nvidia-h200"}, **extra))
+            name, modelVersion="glm4-32b-bf16", engine={"vllm": vllm},
+            accelerator={"profile": "nvidia-h200"}))
         p = make_plan(plan_request_for(svc, mv))
         assert p.feasible, p.reason
         cases[name] = engine_argv(p, "/models/glm4-32b", 8000, name)

@@ -252,7 +252,7 @@ def test_modelversion_whose_fetch_reported_a_failure_is_degraded(
     # The field reports' classic: a file whose header says llama where glm4 was expected.
     name = "glm4-mislabelled"
     kubectl.apply({
-        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
         "metadata": {"name": name},
         "spec": {"source": {"uri": "pvc://models/glm4.gguf"}, "format": "gguf",
                  "quantization": "Q4_K_M", "architecture": "glm4"}}, namespace=namespace)
@@ -302,7 +302,7 @@ def test_modelversion_whose_fetch_job_failed_is_degraded(
     # so the Job's pod stays Pending (kwok would otherwise complete it at once).
     name = "glm4-unfetched"
     kubectl.apply({
-        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
         "metadata": {"name": name},
         "spec": {"source": {"uri": "https://models.example.com/glm4.gguf"}, "format": "gguf",
                  "quantization": "Q4_K_M", "architecture": "glm4",

@@ -73,7 +73,7 @@ def glm5_version(name: str, fmt: str, quantization: str, uri: str, size: int, ca
     }
     if fmt == "gguf":
         spec["sha256"] = "cd" * 32
-    return {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
             "metadata": {"name": name}, "spec": spec}
 
 
@@ -89,7 +89,7 @@ Q8_0 = glm5_version("glm-5-q8-0", "gguf", "Q8_0", "hf://unsloth/GLM-5-GGUF/GLM-5
 
 
 def glm_service(name: str, version: str, engine: str, nodes: int) -> dict[str, Any]:
-    return {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
+    return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
             "metadata": {"name": name},
             "spec": {"modelVersion": version, "engine": engine,
                      "accelerator": {"profile": "ascend-910b", "count": 8, "nodes": nodes},

@@ -240,8 +240,10 @@ def test_the_long_context_pools_hpa_grows_a_woken_pool_on_queued_long_requests(
     svc = copy.deepcopy(CPU_SVC)
     svc["metadata"]["name"] = SERVICE
     # idleSeconds far beyond the test: the operator's idle scale-down stays out of it.
-    svc["spec"]["longContext"] = {"enabled": True, "contextLength": 32768,
-                                  "maxReplicas": LONG_CONTEXT_MAX, "idleSeconds": 3600}
+    svc["spec"]["longContext"] = {
+        "contextLength": 32768, "idleSeconds": 3600,
+        "autoscaling": {"minReplicas": 0, "maxReplicas": LONG_CONTEXT_MAX,
+                        "targets": {"queueLength": 1}}}
     kubectl.apply(svc, namespace=ns)
     wait_ready(kubectl, ns, SERVICE, wait_for)
     hpa = hpa_of(kubectl, ns, LONG_CONTEXT_POOL)

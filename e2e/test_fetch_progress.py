@@ -196,7 +196,7 @@ def test_a_snapshot_reports_the_whole_folder_with_the_files_on_disk_done(
     (partial / "config.json").write_bytes((st_model.folder / "config.json").read_bytes())
     (partial / f"{shard}.partial").write_bytes((st_model.folder / shard).read_bytes()[:600_000])
     present = sizes["config.json"] + 600_000
-    kubectl.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelVersion",
+    kubectl.apply({"apiVersion": f"{GROUP}/v1alpha2", "kind": "ModelVersion",
                    "metadata": {"name": "folder"},
                    "spec": {"source": {"uri": "hf://zai-org/GLM-tiny?revision=main"},
                             "format": "safetensors", "architecture": "glm4moe"}},
@@ -244,9 +244,9 @@ def test_a_service_waiting_on_the_download_repeats_its_progress_in_model_ready(
     GLMService that waits on it says how far the download is in its ModelReady message."""
     kubectl.apply(_modelversion("watched", f"{slow_server.url}/{model.name}",
                                 sha256_of(model), "glm4"), namespace=namespace)
-    kubectl.apply({"apiVersion": f"{GROUP}/v1alpha1", "kind": "GLMService",
+    kubectl.apply({"apiVersion": f"{GROUP}/v1alpha2", "kind": "GLMService",
                    "metadata": {"name": "waiting"},
-                   "spec": {"modelVersion": "watched", "engine": "llamacpp",
+                   "spec": {"modelVersion": "watched", "engine": {"llamacpp": {}},
                             "accelerator": {"profile": "cpu", "count": 1},
                             "contextLength": 4096, "concurrency": 1, "replicas": 1,
                             "gateway": {"access": "Open"}}}, namespace=namespace)

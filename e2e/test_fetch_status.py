@@ -81,7 +81,7 @@ def _fetch_job_identity(kubectl: Kubectl, namespace: str, modelversion: str,
 
 
 def _modelversion(name: str, uri: str, sha256: str, architecture: str) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/v1alpha1", "kind": "ModelVersion",
+    return {"apiVersion": f"{GROUP}/v1alpha2", "kind": "ModelVersion",
             "metadata": {"name": name},
             "spec": {"source": {"uri": uri}, "format": "gguf", "quantization": "Q4_K_M",
                      "architecture": architecture, "sha256": sha256}}
@@ -166,6 +166,6 @@ def test_the_job_token_can_touch_nothing_else(
     client = ServiceAccountAccess(options["--api-server"], Path(options["--token-file"]),
                                   Path(options["--api-ca-file"])).client()
     with pytest.raises(KubeError) as denied:
-        client.patch_merge(f"{GROUP}/v1alpha1", "ModelVersion", namespace, "mine",
+        client.patch_merge(f"{GROUP}/v1alpha2", "ModelVersion", namespace, "mine",
                            {"metadata": {"labels": {"tampered": "yes"}}})
     assert denied.value.status == 403

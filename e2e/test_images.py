@@ -156,7 +156,7 @@ def own_namespace(kubectl: Kubectl) -> Iterator[str]:
 def manifests(namespace: str, sha256: str) -> list[dict[str, Any]]:
     service = yaml.safe_load(EXAMPLE.read_text())
     service["metadata"]["namespace"] = namespace
-    version = {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    version = {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
                "metadata": {"name": service["spec"]["modelVersion"], "namespace": namespace},
                "spec": {"source": {"uri": f"pvc://{MODEL_STORE}/{MODEL_FILE}"},
                         "format": "gguf", "quantization": "F32", "architecture": "llama",

@@ -123,7 +123,7 @@ def test_operator_applied_scaled_object_passes_the_real_crd_schema(
         keda: KedaOperator, kubectl: Kubectl, wait_for: Wait) -> None:
     ns, name = keda.namespace, "keda-all"
     # On an A10 (a fake GPU node): a CPU replica has no device memory to target.
-    apply_service(kubectl, ns, name, "Auto", ALL_TARGETS, engine="llamacpp",
+    apply_service(kubectl, ns, name, "Auto", ALL_TARGETS, engine={"llamacpp": {}},
                   accelerator={"profile": "nvidia-a10", "count": 1})
     so_name = wait_for_scaler(kubectl, ns, name, "ScaledObject", wait_for)
     scaled = kubectl.get_json("scaledobject.keda.sh", so_name, "-n", ns)

@@ -159,8 +159,9 @@ def scene(glm_crds: list[str], kubectl: Kubectl, wait_for: Wait, tmp_path: Path
                  timeout=30, what="the default ServiceAccount")
         deploy_model(kubectl, namespace, CPU_MV, wait_for)
         svc = copy.deepcopy(CPU_SVC)
-        svc["spec"]["longContext"] = {"enabled": True, "contextLength": 32768,
-                                      "idleSeconds": IDLE_SECONDS, "maxReplicas": 3}
+        svc["spec"]["longContext"] = {
+            "contextLength": 32768, "idleSeconds": IDLE_SECONDS,
+            "autoscaling": {"minReplicas": 0, "maxReplicas": 3, "targets": {"queueLength": 1}}}
         kubectl.apply(svc, namespace=namespace)
         name = svc["metadata"]["name"]
         wait_ready(kubectl, namespace, name, wait_for)

@@ -30,7 +30,7 @@ VERSION = "glm-4-6-q4"
 SET = f"{NAME}-{VERSION}"
 # GLM-4.6-class MoE in Q4_K_M (216 GB): more than one node of eight 22.5 GiB L4s holds.
 MODEL_VERSION = {
-    "apiVersion": "serving.glm-operator.dev/v1alpha1",
+    "apiVersion": "serving.glm-operator.dev/v1alpha2",
     "kind": "ModelVersion",
     "metadata": {"name": VERSION},
     "spec": {
@@ -50,10 +50,10 @@ MODEL_VERSION = {
     },
 }
 SERVICE = {
-    "apiVersion": "serving.glm-operator.dev/v1alpha1",
+    "apiVersion": "serving.glm-operator.dev/v1alpha2",
     "kind": "GLMService",
     "metadata": {"name": NAME},
-    "spec": {"modelVersion": VERSION, "engine": "llamacpp",
+    "spec": {"modelVersion": VERSION, "engine": {"llamacpp": {}},
              "accelerator": {"profile": "nvidia-l4", "count": 8},
              "contextLength": 8192, "concurrency": 1, "replicas": 1,
              "gateway": {"access": "Open"}},

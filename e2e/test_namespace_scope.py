@@ -61,7 +61,7 @@ class Churn:
 
 
 def model_version(namespace: str, name: str) -> dict[str, object]:
-    return {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"source": {"uri": "pvc://model-store/scope.gguf"}, "format": "gguf"}}
 

@@ -7,7 +7,7 @@ binds:
 
 - `chat`: 3 replicas of a tiny random-weight model (2 slots of 2,048 tokens each), a
   long-context pool of one replica (16,384 tokens), one router;
-- `sleepy`: autoscaled with minReplicas 0 and routing.idleSeconds 30 (the API's minimum), so
+- `sleepy`: autoscaled with minReplicas 0 and idleSeconds 30 (the API's minimum), so
   the operator puts it to zero while the other tests run.
 
 e2e/routing_kubelet.py plays the kubelet: engine pods run their rendered llama-server argv
@@ -83,8 +83,7 @@ def chat_service() -> dict[str, Any]:
     spec.update(replicas=3, contextLength=MAIN_CONTEXT, concurrency=SLOTS,
                 podOverrides=copy.deepcopy(PLACEMENT),
                 routing={"mode": "EndpointPicker", "routerReplicas": 1},
-                longContext={"enabled": True, "contextLength": LONG_CONTEXT,
-                             "minReplicas": 1, "maxReplicas": 1})
+                longContext={"contextLength": LONG_CONTEXT, "replicas": 1})
     # A deleted pod drains this long (its processes stop with it here).
     spec["gateway"]["maxDrainSeconds"] = 1
     return svc
@@ -99,8 +98,8 @@ def sleepy_service() -> dict[str, Any]:
                 podOverrides=copy.deepcopy(PLACEMENT),
                 autoscaling={"minReplicas": 0, "maxReplicas": 1,
                              "targets": {"queueLength": 4}},
-                routing={"mode": "EndpointPicker", "routerReplicas": 1,
-                         "idleSeconds": IDLE_SECONDS})
+                routing={"mode": "EndpointPicker", "routerReplicas": 1},
+                idleSeconds=IDLE_SECONDS)
     spec["gateway"]["maxDrainSeconds"] = 1
     return svc
 

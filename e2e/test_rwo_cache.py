@@ -39,9 +39,9 @@ RWO_MV["spec"]["cache"]["accessMode"] = "ReadWriteOnce"
 
 
 def _service(name: str, version: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
+    return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
             "metadata": {"name": name},
-            "spec": {"modelVersion": version, "engine": "llamacpp",
+            "spec": {"modelVersion": version, "engine": {"llamacpp": {}},
                      "accelerator": {"profile": "nvidia-a100-80gb", "count": 1},
                      "contextLength": 8192, "concurrency": 1, "replicas": 2,
                      "gateway": {"access": "Open"}, **spec}}

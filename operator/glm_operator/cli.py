@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "render": ("glm_operator.render_command",
                "print every object the operator would create, offline"),
     "plan": ("glm_operator.planning.cli", "print the capacity plan for a GLMService, offline"),
+    "convert": ("glm_operator.convert_command",
+                "rewrite GLMService and ModelVersion manifests at another API version"),
     "images": ("glm_operator.images", "list every image the operator may run, for a mirror"),
     "crds": ("glm_operator.generate", "regenerate the CRD YAML and API reference from the types"),
     "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from glm_operator import __version__
+from glm_operator.api.rate_limit_store import RateLimitStore
 from glm_operator.planning.accelerators import (
     DEFAULT_IMAGE_REGISTRY,
     AcceleratorProfile,
@@ -230,6 +231,9 @@ class OperatorConfig(BaseModel):
     prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     ascend: AscendSettings = Field(default_factory=AscendSettings)
+    # The Redis every rate-limited service's gateways share their buckets in (Helm value
+    # config.rateLimitStore); none: each gateway pod counts on its own.
+    rate_limit_store: RateLimitStore | None = None
     cluster_domain: str = "cluster.local"
     # How often optional CRDs (Istio, ServiceMonitor) are looked up again, so ones installed
     # after the operator started are used without a restart.

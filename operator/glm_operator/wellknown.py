@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Final
 
 GROUP: Final = "serving.glm-operator.dev"
-VERSION: Final = "v1alpha1"
+VERSION: Final = "v1alpha2"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
+# What v1alpha2 cannot hold of a v1alpha1 object, kept by conversion (api/conversion.py).
+CONVERSION_STASH_ANNOTATION: Final = f"{GROUP}/v1alpha1-fields"
 
 # Label and annotation keys on every child the operator writes.
 PREFIX: Final = "glm-operator.dev"

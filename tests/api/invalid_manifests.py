@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 TABLE = Path(__file__).with_name("invalid_manifests.yaml")
-API_VERSION = "serving.glm-operator.dev/v1alpha1"
+API_VERSION = "serving.glm-operator.dev/v1alpha2"
 
 
 def merge(base: Any, patch: Any) -> Any:

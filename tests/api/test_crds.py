@@ -99,8 +99,10 @@ def test_glmservice_crd_shape() -> None:
     assert definition["metadata"]["name"] == "glmservices.serving.glm-operator.dev"
     names = definition["spec"]["names"]
     assert names["shortNames"] == ["glms"] and "glm" in names["categories"]
-    version = definition["spec"]["versions"][0]
-    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    old, version = definition["spec"]["versions"]
+    assert (old["name"], old["served"], old["storage"]) == ("v1alpha1", True, False)
+    assert version["name"] == "v1alpha2" and version["served"] and version["storage"]
+    assert definition["spec"]["conversion"]["strategy"] == "Webhook"
     assert version["subresources"] == {
         "status": {},
         "scale": {
@@ -122,13 +124,16 @@ def test_glmservice_crd_shape() -> None:
         assert name in columns
     spec = spec_schema(definition)["properties"]["spec"]
     props = spec["properties"]
-    assert props["engine"]["enum"] == ["llamacpp", "vllm"]
+    assert set(props["engine"]["properties"]) == {"llamacpp", "vllm"}  # one key per engine
+    assert rules_of(props["engine"]) == ["!(has(self.llamacpp) && has(self.vllm))"]
     assert props["contextLength"]["default"] == 8192
     assert (props["contextLength"]["minimum"], props["contextLength"]["maximum"]) == (512, 1048576)
     assert props["accelerator"]["properties"]["count"]["default"] == 1
     spec_rules = " ".join(rules_of(spec))
     assert "has(self.replicas) && has(self.autoscaling)" in spec_rules
-    assert "self.engine != 'vllm'" in spec_rules
+    assert "has(self.engine.vllm)" in spec_rules
+    # No rule is left whose only job is "that setting is the other engine's".
+    assert "kvUnified" not in spec_rules and "loadMode" not in spec_rules
     assert "self.longContext.contextLength > self.contextLength" in spec_rules
     autoscaling = props["autoscaling"]
     assert rules_of(autoscaling) == ["self.minReplicas <= self.maxReplicas"]

@@ -64,7 +64,7 @@ def test_every_accelerator_kind_has_a_consistent_example() -> None:
         service = GLMService.model_validate(documents["GLMService"])
         version = ModelVersion.model_validate(documents["ModelVersion"])
         assert service.spec.model_version == version.metadata.name, directory
-        engine = service.spec.engine or ENGINE_FOR_FORMAT[version.spec.format]
+        engine = service.spec.engine_name or ENGINE_FOR_FORMAT[version.spec.format]
         assert ENGINE_FOR_FORMAT[version.spec.format] == engine, f"{directory}: engine vs format"
         assert version.spec.facts is not None, f"{directory}: declare facts for the planner"
         profiles.add((service.spec.accelerator.profile, engine, service.spec.accelerator.count))

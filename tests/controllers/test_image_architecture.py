@@ -62,7 +62,7 @@ def test_an_amd64_only_cann_image_on_arm64_nodes_is_refused_with_the_facts() -> 
 
 def test_the_long_context_pool_is_checked_too() -> None:
     mv, svc = load("cpu-llamacpp")
-    svc["spec"]["longContext"] = {"enabled": True, "contextLength": 32768,
+    svc["spec"]["longContext"] = {"contextLength": 32768,
                                   "accelerator": {"profile": "ascend-910b", "count": 1}}
     decision = decide(svc, ready_mv(mv), CANN_AMD64_ONLY)
     planned = cond(decision, "Planned")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from glm_operator.api.glmservice import LongContext
+from glm_operator.api.glmservice import Pool
 from glm_operator.api.glmservice_status import PoolStatus
 from glm_operator.decide.long_context import (
     ActivityReading,
@@ -15,7 +15,7 @@ from glm_operator.decide.long_context import (
 )
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-SPEC = LongContext(enabled=True, context_length=65536, idle_seconds=600)
+SPEC = Pool(context_length=65536, idle_seconds=600)
 
 
 def at(seconds: float) -> datetime:
@@ -84,10 +84,10 @@ def test_a_shorter_idle_seconds_moves_the_deadline_and_asks_for_a_read() -> None
 
 @pytest.mark.parametrize(("spec", "awake"), [
     (SPEC, False),  # asleep already
-    (SPEC.model_copy(update={"min_replicas": 1}), True),  # kept up by minReplicas
+    (SPEC.model_copy(update={"replicas": 1}), True),  # kept up by its replicas
     (None, True),
 ])
-def test_nothing_to_do_when_asleep_or_kept_up(spec: LongContext | None, awake: bool) -> None:
+def test_nothing_to_do_when_asleep_or_kept_up(spec: Pool | None, awake: bool) -> None:
     assert not needs_reading(spec, awake, watched(0), at(5000))
     decision = decide_idle(spec, awake, watched(0), None, at(5000))
     assert not decision.sleep

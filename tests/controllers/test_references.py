@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from glm_operator.api import ADMITTED, GLMService
+from glm_operator.api import ADMITTED, API_VERSION, GLMService
+from glm_operator.api.conversion import convert
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.observed import ObservedChildren
 from glm_operator.decide.references import (
@@ -95,16 +96,32 @@ def test_unknown_while_the_operator_cannot_see_secrets() -> None:
 
 
 def test_the_rate_limit_stores_password_secret_counts_too() -> None:
+    # The store is the cluster's (operator config), its password Secret the service's
+    # namespace's, as the gateway pods read it.
     _, svc = keyed_service()
-    svc["spec"]["gateway"]["rateLimit"]["store"] = STORE
+    config = OperatorConfig.model_validate({"rateLimitStore": STORE})
     service = GLMService.model_validate(svc)
-    assert [r.name for r in secret_references(service)] == ["glm-chat-api-keys", "redis-auth"]
+    assert [r.name for r in secret_references(service, config)] == [
+        "glm-chat-api-keys", "redis-auth"]
+    assert [r.name for r in secret_references(service, OperatorConfig())] == [
+        "glm-chat-api-keys"]
     verdict = resolve_references(service, SecretsObserved(
-        known=True, present=frozenset({"glm-chat-api-keys"})))
+        known=True, present=frozenset({"glm-chat-api-keys"})), config)
     assert verdict.ok is False
     assert "Secret redis-auth" in verdict.message and "glm-chat-api-keys" not in verdict.message
     assert "--from-literal=password=<password>" in verdict.message
-    assert "rateLimit.store.redis.passwordSecret" in verdict.message
+    assert "rateLimitStore.redis.passwordSecret" in verdict.message
+
+
+def test_a_v1alpha1_services_own_store_is_kept_through_conversion() -> None:
+    _, svc = keyed_service()
+    spec = {k: v for k, v in svc["spec"].items() if k != "engine"}
+    old = {**svc, "apiVersion": "serving.glm-operator.dev/v1alpha1",
+           "spec": {**spec, "gateway": {**svc["spec"]["gateway"], "rateLimit": {
+               **svc["spec"]["gateway"]["rateLimit"], "store": STORE}}}}
+    service = GLMService.model_validate(convert(old, API_VERSION))
+    assert [r.name for r in secret_references(service, OperatorConfig())] == [
+        "glm-chat-api-keys", "redis-auth"]
 
 
 def test_open_access_is_a_warning_condition_and_an_event_once() -> None:

@@ -32,7 +32,7 @@ from test_service_state import (  # tests/controllers is on sys.path
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 IDLE = 120
 FROM_ZERO = {"minReplicas": 0, "maxReplicas": 2, "targets": {"queueLength": 2}}
-PICKER = {"mode": "EndpointPicker", "idleSeconds": IDLE}
+PICKER = {"mode": "EndpointPicker"}
 
 
 def at(seconds: float) -> datetime:
@@ -57,7 +57,8 @@ def routes(objs: list[dict[str, Any]]) -> dict[str, Any]:
 def picker_service(**spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     mv, svc = load("cpu-llamacpp")
     svc["spec"].pop("replicas", None)
-    svc["spec"].update({"routing": dict(PICKER), "autoscaling": dict(FROM_ZERO), **spec})
+    svc["spec"].update({"routing": dict(PICKER), "autoscaling": dict(FROM_ZERO),
+                        "idleSeconds": IDLE, **spec})
     return ready_mv(mv), svc
 
 

@@ -128,7 +128,7 @@ def test_infeasible_plan_names_numbers_and_alternatives_and_renders_nothing() ->
 
 def test_engine_format_mismatch_is_a_model_condition() -> None:
     mv, svc = load("cpu-llamacpp")
-    svc["spec"]["engine"] = "vllm"
+    svc["spec"]["engine"] = {"vllm": {}}
     svc["spec"]["accelerator"] = {"profile": "nvidia-a100-80gb", "count": 1}
     decision = decide(svc, [ready_mv(mv)])
     model = cond(decision, "ModelReady")
@@ -421,7 +421,7 @@ def lc_at(seconds: float) -> datetime:
 
 def _service_with_pool(idle: int = 60) -> tuple[dict[str, Any], dict[str, Any]]:
     mv, svc = load("cpu-llamacpp")
-    svc["spec"]["longContext"] = {"enabled": True, "contextLength": 16384, "idleSeconds": idle}
+    svc["spec"]["longContext"] = {"contextLength": 16384, "idleSeconds": idle}
     return ready_mv(mv), svc
 
 

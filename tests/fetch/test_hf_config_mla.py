@@ -94,7 +94,7 @@ def test_glm5_plans_mla_kv_on_vllm_through_the_operator() -> None:
     assert (facts.n_embd_k_gqa, facts.n_embd_v_gqa) == (576, 0)
     service = GLMService.model_validate({
         "metadata": {"name": "glm5", "namespace": "ns"},
-        "spec": {"modelVersion": "mv", "engine": "vllm", "gateway": {"access": "Open"},
+        "spec": {"modelVersion": "mv", "engine": {"vllm": {}}, "gateway": {"access": "Open"},
                  "accelerator": {"profile": "nvidia-h200", "count": 8},
                  "contextLength": 32768, "concurrency": 4},
     })

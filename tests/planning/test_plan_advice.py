@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from glm_operator.api.conversion import convert
 from glm_operator.api import GLMService, ModelVersion
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.advice import infeasible_message
@@ -32,7 +33,7 @@ from glm_operator.render.engine_args import engine_argv
 PATCH = re.compile(r"kubectl patch glms (\S+) -n (\S+) --type merge -p '(\{[^']*\})'")
 
 GGUF_MV: dict[str, Any] = {
-    "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
     "metadata": {"name": "glm4-9b-q4", "namespace": "ns"},
     "spec": {
         "source": {"uri": "hf://org/repo/glm-4-9b-Q4_K_M.gguf?revision=main"},
@@ -45,7 +46,7 @@ GGUF_MV: dict[str, Any] = {
     },
 }
 HF_MV: dict[str, Any] = {
-    "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
     "metadata": {"name": "glm4-32b-bf16", "namespace": "ns"},
     "spec": {
         "source": {"uri": "hf://org/glm-4-32b?revision=main"},
@@ -60,12 +61,13 @@ HF_MV: dict[str, Any] = {
 
 
 def manifest(mv: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {
+    """A GLMService written with v1alpha1's field names, as v1alpha2 stores it."""
+    return convert({
         "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
         "metadata": {"name": "chat", "namespace": "ns"},
         "spec": {"modelVersion": mv["metadata"]["name"], "gateway": {"access": "Open"},
                  **spec},
-    }
+    }, "serving.glm-operator.dev/v1alpha2")
 
 
 def planned(svc: dict[str, Any], mv: dict[str, Any], long_context: bool = False) -> Plan:
@@ -124,7 +126,8 @@ def test_the_fields_reach_the_plan_and_the_llama_server_argv() -> None:
 def test_offloaded_layers_are_host_memory_the_pod_requests() -> None:
     base = manifest(GGUF_MV, accelerator={"profile": "nvidia-a10"}, contextLength=8192)
     whole = planned(base, GGUF_MV)
-    offloaded = planned({**base, "spec": {**base["spec"], "cpuOffload": {"acceleratorLayers": 11}}},
+    offloaded = planned({**base, "spec": {**base["spec"],
+                                          "engine": {"llamacpp": {"acceleratorLayers": 11}}}},
                         GGUF_MV)
     # 30 of the 41 units (40 layers + output) leave the device: about 30/41 of the weights
     # and 30/41 of the KV cache, which the memory request now holds.
@@ -140,7 +143,7 @@ def test_vllm_cpu_offload_moves_weights_to_pinned_host_memory() -> None:
     base = manifest(HF_MV, engine="vllm", accelerator={"profile": "nvidia-a100-80gb"},
                     contextLength=8192, concurrency=4)
     whole = planned(base, HF_MV)
-    spec = {**base["spec"], "cpuOffload": {"hostWeightsGiB": 6}, "kvCacheType": "auto"}
+    spec = {**base["spec"], "engine": {"vllm": {"cpuOffloadGiB": 6, "kvCacheType": "auto"}}}
     offloaded = planned({**base, "spec": spec}, HF_MV)
     assert whole.memory.weights - offloaded.memory.weights == 6 * GiB
     assert (offloaded.resources.memory_request_bytes
@@ -161,12 +164,12 @@ def test_vllm_fp8_kv_cache_is_rendered() -> None:
 
 
 @pytest.mark.parametrize(("mv", "spec", "says"), [
-    # engine unset: the API server cannot tell the engine, the plan can
-    (GGUF_MV, {"kvCacheType": "fp8"}, "kvCacheType fp8 is not a llama.cpp KV cache type"),
-    (HF_MV, {"kvCacheType": "q8_0"}, "kvCacheType q8_0 is not a vLLM KV cache dtype"),
-    (GGUF_MV, {"cpuOffload": {"hostWeightsGiB": 2}}, "cpuOffload.hostWeightsGiB is vLLM's"),
-    (HF_MV, {"cpuOffload": {"acceleratorLayers": 20}},
-     "cpuOffload.acceleratorLayers is llama.cpp's"),
+    # engine unset at v1alpha1: the setting names the engine (v1alpha2 keeps each setting
+    # under its engine), and that engine cannot serve the model's format
+    (GGUF_MV, {"kvCacheType": "fp8"}, "vLLM serves safetensors quantizations"),
+    (HF_MV, {"kvCacheType": "q8_0"}, "llama.cpp serves GGUF quantizations"),
+    (GGUF_MV, {"cpuOffload": {"hostWeightsGiB": 2}}, "vLLM serves safetensors quantizations"),
+    (HF_MV, {"cpuOffload": {"acceleratorLayers": 20}}, "llama.cpp serves GGUF quantizations"),
     # no flash attention: llama.cpp cannot quantize the V cache
     (GGUF_MV, {"accelerator": {"profile": "ascend-310p"}, "kvCacheType": "q4_0"},
      "ascend-310p has no flash attention"),
@@ -194,8 +197,9 @@ def test_every_llamacpp_alternative_is_a_patch_that_fits() -> None:
                    contextLength=32768, concurrency=24)
     patches = assert_every_patch_fits(svc, GGUF_MV)
     specs = [p["spec"] for p in patches]
-    assert {"kvCacheType"} in [set(s) for s in specs]
-    assert any("cpuOffload" in s and "acceleratorLayers" in s["cpuOffload"] for s in specs)
+    engines = [s["engine"]["llamacpp"] for s in specs if "engine" in s]
+    assert any(set(e) == {"kvCacheType"} for e in engines), specs
+    assert any("acceleratorLayers" in e for e in engines), specs
     assert any("concurrency" in s for s in specs) and any("contextLength" in s for s in specs)
     assert any("accelerator" in s for s in specs)
 
@@ -205,7 +209,7 @@ def test_every_vllm_alternative_is_a_patch_that_fits() -> None:
                    contextLength=16384, concurrency=16)
     patches = assert_every_patch_fits(svc, HF_MV)
     specs = [p["spec"] for p in patches]
-    assert any(s.get("cpuOffload", {}).get("hostWeightsGiB") for s in specs), specs
+    assert any(s.get("engine", {}).get("vllm", {}).get("cpuOffloadGiB") for s in specs), specs
 
 
 def test_a_patch_replaces_the_other_offload_form_and_keeps_the_rest() -> None:
@@ -213,15 +217,17 @@ def test_a_patch_replaces_the_other_offload_form_and_keeps_the_rest() -> None:
         GGUF_MV, accelerator={"profile": "nvidia-a10", "count": 1},
         cpuOffload={"acceleratorLayers": 5}))
     assert spec_patch(svc, {"gpu_layers": 12}) == {
-        "spec": {"cpuOffload": {"acceleratorLayers": 12, "hostWeightsGiB": None}}}
+        "spec": {"engine": {"llamacpp": {"acceleratorLayers": 12}}}}
     assert spec_patch(svc, {"gpu_layers": None, "nodes": 2, "count": 4}) == {
-        "spec": {"accelerator": {"count": 4, "nodes": 2}, "cpuOffload": None}}
+        "spec": {"accelerator": {"count": 4, "nodes": 2},
+                 "engine": {"llamacpp": {"acceleratorLayers": None}}}}
+    assert spec_patch(svc, {"cpu_offload_gib": 4}) is None  # vLLM's, not this engine's
     assert spec_patch(svc, {"quantization": "Q2_K"}) is None  # the ModelVersion's
 
 
 def test_offload_is_dropped_by_a_multi_node_patch() -> None:
     # An offloaded replica that still does not fit: the multi-node alternative must remove
-    # cpuOffload, which the API refuses beside nodes > 1.
+    # the engine's CPU offload, which the API refuses beside nodes > 1.
     mv = copy.deepcopy(HF_MV)
     mv["spec"]["facts"]["parameterCount"] = 1_000_000_000_000
     mv["spec"]["cache"]["accessMode"] = "ReadWriteMany"  # every node of a group mounts it
@@ -229,7 +235,8 @@ def test_offload_is_dropped_by_a_multi_node_patch() -> None:
                    cpuOffload={"hostWeightsGiB": 4})
     patches = assert_every_patch_fits(svc, mv)
     multi = [p for p in patches if p["spec"].get("accelerator", {}).get("nodes")]
-    assert multi and all(p["spec"]["cpuOffload"] is None for p in multi), patches
+    assert multi and all(p["spec"]["engine"]["vllm"]["cpuOffloadGiB"] is None
+                         for p in multi), patches
 
 
 def test_no_patch_trades_infeasible_for_a_cache_one_node_cannot_share() -> None:

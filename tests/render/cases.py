@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from glm_operator.api import GLMService, ModelVersion
+from glm_operator.api import API_VERSION, GLMService, ModelVersion
+from glm_operator.api.conversion import convert
 from glm_operator.config import OperatorConfig
 from glm_operator.planning.from_api import plan_request_for
 from glm_operator.planning.planner import Plan, plan
@@ -103,12 +104,14 @@ def service_manifest(engine: str, accelerator: str, **spec: Any) -> dict[str, An
         "gateway": {"apiKeysSecret": "chat-keys", "rateLimit": {"requestsPerMinute": 600}},
     }
     body.update(spec)
-    return {
+    # Written at v1alpha1 and converted as the API server would: every golden rendered from
+    # these cases holds v1alpha1 objects to the children they had before v1alpha2.
+    return convert({
         "apiVersion": "serving.glm-operator.dev/v1alpha1",
         "kind": "GLMService",
         "metadata": {"name": "chat", "namespace": NAMESPACE, "uid": SERVICE_UID},
         "spec": body,
-    }
+    }, API_VERSION)
 
 
 def service(engine: str, accelerator: str, **spec: Any) -> GLMService:

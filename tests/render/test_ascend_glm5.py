@@ -50,9 +50,9 @@ def rendered(artifact: tuple[str, str, str, str, int], engine: str, nodes: int
              ) -> list[dict[str, Any]]:
     mv = glm5(artifact)
     svc = GLMService.model_validate({
-        "apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
+        "apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
         "metadata": {"name": "glm5", "namespace": NAMESPACE, "uid": "1" * 8},
-        "spec": {"modelVersion": mv.metadata.name, "engine": engine,
+        "spec": {"modelVersion": mv.metadata.name, "engine": {engine: {}},
                  "accelerator": {"profile": "ascend-910b", "count": 8, "nodes": nodes},
                  "contextLength": 32768, "concurrency": 2, "gateway": {"access": "Open"}},
     })
@@ -136,7 +136,7 @@ def test_w8a8_is_planned_for_ascend_only_so_no_alternative_sends_it_to_a_gpu() -
     mv = glm5(W8A8)
     svc = GLMService.model_validate({
         "metadata": {"name": "glm5", "namespace": NAMESPACE},
-        "spec": {"modelVersion": mv.metadata.name, "engine": "vllm",
+        "spec": {"modelVersion": mv.metadata.name, "engine": {"vllm": {}},
                  "accelerator": {"profile": "ascend-910b", "count": 8},
                  "contextLength": 32768, "concurrency": 2, "gateway": {"access": "Open"}},
     })

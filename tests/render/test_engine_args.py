@@ -139,7 +139,7 @@ def test_plan_request_from_api_objects_prefers_measured_facts() -> None:
     })
     svc = GLMService.model_validate({"metadata": {"name": "s"}, "spec": {
         "modelVersion": "air", "accelerator": {"profile": "nvidia-h200"},
-        "longContext": {"enabled": True, "contextLength": 131072},
+        "longContext": {"contextLength": 131072},
         "gateway": {"access": "Open"}}})
     request = plan_request_for(svc, mv)
     assert request.engine == "llamacpp"

@@ -35,7 +35,7 @@ def gateway_inputs(routes: tuple[VersionRoute, ...] = CANARY, istio: bool = Fals
         service="chat", namespace="team", gateway=GatewayRef(name="inference-gw", **gateway),
         hostnames=["chat.team.svc.cluster.local"], routes=routes,
         failure_mode=FailureMode.FAIL_CLOSE, config=CONFIG,
-        owner={"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "GLMService",
+        owner={"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
                "name": "chat", "uid": "u-1", "controller": True, "blockOwnerDeletion": True},
         istio=istio)
 

@@ -15,7 +15,7 @@ from render.cases import MODEL_VERSIONS, service_manifest
 
 def mv_manifest(key: str) -> dict[str, Any]:
     data = MODEL_VERSIONS[key]
-    return {"apiVersion": "serving.glm-operator.dev/v1alpha1", "kind": "ModelVersion",
+    return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "ModelVersion",
             "metadata": {"name": data["name"]}, "spec": data["spec"]}
 
 

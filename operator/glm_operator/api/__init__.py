@@ -1,4 +1,5 @@
-"""API types for serving.glm-operator.dev/v1alpha1: the single source of truth for the CRDs."""
+"""API types for serving.glm-operator.dev (v1alpha2, and v1alpha1 for conversion): the single
+source of truth for the CRDs."""
 
 from glm_operator.api.base import API_VERSION, GROUP, VERSION, ObjectMeta
 from glm_operator.api.conditions import (
@@ -19,12 +20,14 @@ from glm_operator.api.glmservice import (
     AutoscalingTargets,
     CanaryAnalysis,
     Engine,
+    EngineSettings,
     FailureMode,
     Gateway,
     GLMService,
     GLMServiceSpec,
-    LongContext,
+    LlamaCpp,
     PodOverrides,
+    Pool,
     RateLimit,
     Rollout,
     RolloutStrategy,
@@ -34,6 +37,7 @@ from glm_operator.api.glmservice import (
     ScalingBehavior,
     Toleration,
     UndecidedAction,
+    Vllm,
 )
 from glm_operator.api.glmservice_status import (
     AnalysisResult,
@@ -82,6 +86,7 @@ __all__ = [
     "ConditionStatus",
     "DownloadProgress",
     "Engine",
+    "EngineSettings",
     "FailureMode",
     "GLMService",
     "GLMServiceConditionType",
@@ -89,7 +94,7 @@ __all__ = [
     "GLMServiceStatus",
     "Gateway",
     "LlamaCppPlan",
-    "LongContext",
+    "LlamaCpp",
     "ModelCache",
     "ModelFacts",
     "ModelFormat",
@@ -105,6 +110,7 @@ __all__ = [
     "PlanResources",
     "PlanSummary",
     "PodOverrides",
+    "Pool",
     "PoolStatus",
     "RateLimit",
     "Rollout",
@@ -118,6 +124,7 @@ __all__ = [
     "ScalingBehavior",
     "Toleration",
     "UndecidedAction",
+    "Vllm",
     "VllmPlan",
     "get_condition",
     "is_condition_true",

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from glm_operator.api.base import GROUP
 from glm_operator.api.glmservice import GLMService, GLMServiceSpec
 from glm_operator.api.glmservice_status import GLMServiceStatus
+from glm_operator.api.glmservice_v1alpha1 import GLMServiceSpec as GLMServiceSpecV1alpha1
 from glm_operator.api.modelversion import ModelVersion, ModelVersionSpec, ModelVersionStatus
 
 Schema = dict[str, Any]
@@ -257,16 +258,22 @@ GLMSERVICE_V1ALPHA1_COLUMNS = (
     PrinterColumn("Endpoint", ".status.endpoint", priority=1),
     AGE_COLUMN,
 )
+# v1alpha2 moved contextLength nowhere and the engine's name under spec.engine: its columns
+# are v1alpha1's (the plan's engine is the status's, in both).
+GLMSERVICE_V1ALPHA2_COLUMNS = GLMSERVICE_V1ALPHA1_COLUMNS
 GLMSERVICE_KIND = Kind(
     kind="GLMService",
     plural="glmservices",
     short_names=("glms",),
     model=GLMService,
     versions=(
-        Version("v1alpha1", GLMServiceSpec, GLMServiceStatus, GLMSERVICE_V1ALPHA1_COLUMNS,
+        Version("v1alpha1", GLMServiceSpecV1alpha1, GLMServiceStatus,
+                GLMSERVICE_V1ALPHA1_COLUMNS),
+        Version("v1alpha2", GLMServiceSpec, GLMServiceStatus, GLMSERVICE_V1ALPHA2_COLUMNS,
                 storage=True),
     ),
     scale=True,
+    conversion=ConversionWebhook(),
 )
 MODELVERSION_COLUMNS = (
     PrinterColumn("Phase", ".status.phase"),
@@ -285,7 +292,8 @@ MODELVERSION_KIND = Kind(
     short_names=("mv",),
     model=ModelVersion,
     versions=(
-        Version("v1alpha1", ModelVersionSpec, ModelVersionStatus, MODELVERSION_COLUMNS,
+        Version("v1alpha1", ModelVersionSpec, ModelVersionStatus, MODELVERSION_COLUMNS),
+        Version("v1alpha2", ModelVersionSpec, ModelVersionStatus, MODELVERSION_COLUMNS,
                 storage=True),
     ),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
@@ -30,6 +31,7 @@ from glm_operator.api.base import (
     StringMap,
     duration_seconds,
 )
+from glm_operator.api import rules
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.vllm_names import NO_PARSER, VLLM_REASONING_PARSERS, VLLM_TOOL_CALL_PARSERS
 from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
@@ -147,13 +149,6 @@ class Accelerator(SpecModel):
         "`glm-operator plan` proposes it when one node cannot hold the model.",
     )
 
-    @model_validator(mode="after")
-    def _cpu_has_one_device(self) -> Accelerator:
-        if self.profile == CPU_PROFILE and self.count != 1:
-            raise ValueError("accelerator.count must be 1 on the cpu profile")
-        if self.profile == CPU_PROFILE and self.nodes != 1:
-            raise ValueError("accelerator.nodes must be 1 on the cpu profile")
-        return self
 
 
 class ScalingPolicy(SpecModel):
@@ -224,16 +219,6 @@ class AutoscalingTargets(SpecModel):
         description="Target queued (waiting, not yet decoding) requests per replica.",
     )
 
-    @model_validator(mode="after")
-    def _at_least_one(self) -> AutoscalingTargets:
-        if (
-            self.accelerator_memory_utilization is None
-            and self.kv_cache_utilization is None
-            and self.requests_per_second is None
-            and self.queue_length is None
-        ):
-            raise ValueError("autoscaling.targets needs at least one target")
-        return self
 
 
 class Autoscaling(SpecModel):
@@ -271,14 +256,6 @@ class Autoscaling(SpecModel):
         "when it is not possible scales nothing: condition Autoscaling=False says why.",
     )
 
-    @model_validator(mode="after")
-    def _bounds(self) -> Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(
-                f"autoscaling.minReplicas ({self.min_replicas}) must be <= "
-                f"autoscaling.maxReplicas ({self.max_replicas})"
-            )
-        return self
 
 
 class RoutingMode(StrEnum):
@@ -394,12 +371,6 @@ class Routing(SpecModel):
         description="Router pods (2 survives the loss of one node; the router holds no state "
         "a peer lacks).",
     )
-    idle_seconds: int = Field(
-        default=600, ge=30, le=86400,
-        description="With autoscaling.minReplicas 0: seconds without a request after which "
-        "the operator scales a version's main pool to zero (the router wakes it on the next "
-        "one). Ignored otherwise.",
-    )
     max_waiting_requests: int = Field(
         default=256, ge=1, le=10000,
         description="Requests each router pod holds while a pool wakes from zero or has no "
@@ -415,184 +386,12 @@ class Routing(SpecModel):
                                  "API's Hostname: lower-case DNS labels, optionally *. first)")
         return names
 
-    @model_validator(mode="after")
-    def _gateway_mode(self) -> Routing:
-        """The CEL rules on gatewayRef, mode and hostnames, mirrored."""
-        gateway = self.mode == RoutingMode.INFERENCE_GATEWAY
-        if self.gateway_ref is not None and not gateway:
-            raise ValueError(GATEWAY_REF_NEEDS_MODE)
-        if gateway and self.gateway_ref is None:
-            raise ValueError(MODE_NEEDS_GATEWAY_REF)
-        if self.hostnames is not None and not gateway:
-            raise ValueError(HOSTNAMES_NEED_MODE)
-        return self
-
-
-
-class LongContext(SpecModel):
-    """An overflow pool with a larger context, for prompts the main pool rejects.
-
-    The gateway sends a request the engine refuses for context size here, waking the pool
-    from zero (0 -> 1); the pool's own HPA adds replicas up to maxReplicas on queued long
-    requests (1 -> N); the operator scales it back to zero after idleSeconds without a long
-    request (N -> 0), from an activity Lease its gateways renew (docs/autoscaling.md).
-    """
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!self.enabled || has(self.contextLength)",
-                    "message": "longContext.contextLength is required when longContext is enabled",
-                    "fieldPath": ".contextLength",
-                },
-                {
-                    "rule": "self.minReplicas <= self.maxReplicas",
-                    "message": "longContext.minReplicas must be <= longContext.maxReplicas",
-                    "fieldPath": ".minReplicas",
-                },
-            ]
-        }
-    }
-
-    enabled: bool = Field(default=False, description="Create the long-context pool.")
-    context_length: int | None = Field(
-        default=None,
-        ge=MIN_CONTEXT_LENGTH,
-        le=MAX_CONTEXT_LENGTH,
-        description="Context of the pool; must exceed spec.contextLength.",
-    )
-    concurrency: int = Field(default=1, ge=1, le=64, description="Concurrent requests per replica.")
-    min_replicas: int = Field(
-        default=0, ge=0, le=100,
-        description="0 lets the pool sleep: it wakes on the first long request and goes back "
-        "to zero after idleSeconds without one. 1 or more keeps that many always running.")
-    max_replicas: int = Field(
-        default=1, ge=1, le=100,
-        description="Upper bound; above max(1, minReplicas) the pool gets its own HPA on "
-        "queued long requests.")
-    idle_seconds: int = Field(
-        default=600, ge=30, le=86400,
-        description="With minReplicas 0: seconds without a long request after which the "
-        "operator scales the pool to zero.")
-    queue_length: int = Field(
-        default=1, ge=1, le=1000,
-        description="The pool's HPA target: long requests waiting per replica (beyond its "
-        "concurrency) above which it adds a replica.")
-    accelerator: Accelerator | None = Field(
-        default=None, description="Accelerator per replica; spec.accelerator when unset."
-    )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> LongContext:
-        if self.enabled and self.context_length is None:
-            raise ValueError("longContext.contextLength is required when longContext is enabled")
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("longContext.minReplicas must be <= longContext.maxReplicas")
-        return self
-
-
-_PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-REDIS_ADDRESS_PATTERN = (
-    r"^(\[[0-9a-fA-F:.]+\]|[a-zA-Z0-9]([-a-zA-Z0-9.]*[a-zA-Z0-9])?):" + _PORT + "$"
-)
-# The pod's own loopback: a store there is the pod's alone, never shared by the service.
-_LOOPBACK_PREFIXES = ("localhost:", "127.", "[::1]:")
-MAX_STORE_TIMEOUT = "1s"
-
-
-class SecretKeyRef(SpecModel):
-    """One key of a Secret in the GLMService's namespace."""
-
-    name: SecretName
-    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
-
-
-class RedisStore(SpecModel):
-    """A Redis (standalone, or a primary behind one address) every gateway pod can reach."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": " && ".join(f"!self.address.startsWith('{p}')"
-                                        for p in _LOOPBACK_PREFIXES),
-                    "message": "gateway.rateLimit.store.redis.address is a loopback address: "
-                    "each pod would count alone; give a Service name or address all the "
-                    "gateway pods reach",
-                    "fieldPath": ".address",
-                }
-            ]
-        }
-    }
-
-    address: str = Field(
-        max_length=260,
-        pattern=REDIS_ADDRESS_PATTERN,
-        description="host:port, e.g. redis.cache.svc:6379 ([v6]:port for an IPv6 address).",
-    )
-    tls: bool = Field(
-        default=False,
-        description="Connect with TLS; the server certificate must verify against the system "
-        "CAs of the operator image.",
-    )
-    password_secret: SecretKeyRef | None = Field(
-        default=None,
-        description="The Redis password (AUTH): a Secret key, given to the gateway as an "
-        "environment variable from the Secret, never in the pod spec.",
-    )
-
-    @field_validator("address")
-    @classmethod
-    def _not_loopback(cls, address: str) -> str:
-        if address.startswith(_LOOPBACK_PREFIXES):
-            raise ValueError("gateway.rateLimit.store.redis.address is a loopback address: "
-                             "each pod would count alone")
-        return address
-
-
-class RateLimitStore(SpecModel):
-    """Where the gateways of one GLMService keep the buckets they share."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "duration(self.timeout) > duration('0s') && "
-                    f"duration(self.timeout) <= duration('{MAX_STORE_TIMEOUT}')",
-                    "message": "gateway.rateLimit.store.timeout must be above 0 and at most "
-                    f"{MAX_STORE_TIMEOUT} (every request waits for it)",
-                    "fieldPath": ".timeout",
-                }
-            ]
-        }
-    }
-
-    redis: RedisStore = Field(description="The Redis that holds every replica's buckets.")
-    on_unavailable: Literal["Allow", "Deny"] = Field(
-        default="Allow",
-        description="When Redis does not answer within `timeout`: Allow counts in each pod's "
-        "own buckets meanwhile (the limit then holds per pod, up to limit x ready pods for "
-        "the service); Deny answers 503 with Retry-After. Redis is asked again a second "
-        "later.",
-    )
-    timeout: Duration = Field(
-        default="50ms",
-        description="How long a request waits for Redis before `onUnavailable` applies.",
-    )
-
-    @field_validator("timeout")
-    @classmethod
-    def _short_timeout(cls, timeout: str) -> str:
-        if not 0 < duration_seconds(timeout) <= duration_seconds(MAX_STORE_TIMEOUT):
-            raise ValueError(f"gateway.rateLimit.store.timeout must be above 0 and at most "
-                             f"{MAX_STORE_TIMEOUT}")
-        return timeout
 
 
 class RateLimit(SpecModel):
     """Per-API-key token buckets; over the limit the gateway answers 429 with Retry-After.
-    Per gateway pod unless `store` is set."""
+    Per gateway pod, unless the operator's config names a shared store (Redis): then the
+    limits hold for the whole service, across replicas and both pools."""
 
     model_config = {
         "json_schema_extra": {
@@ -618,18 +417,6 @@ class RateLimit(SpecModel):
         le=1_000_000,
         description="Bucket size in requests; requestsPerMinute/6 (10 s worth) when unset.",
     )
-    store: RateLimitStore | None = Field(
-        default=None,
-        description="A shared store (Redis) that makes the limits hold for the whole service, "
-        "across replicas and both pools. Without it each gateway pod enforces the limits on "
-        "its own, so the service as a whole admits up to the limit x its ready pods.",
-    )
-
-    @model_validator(mode="after")
-    def _at_least_one(self) -> RateLimit:
-        if self.requests_per_minute is None and self.tokens_per_minute is None:
-            raise ValueError("gateway.rateLimit needs requestsPerMinute or tokensPerMinute")
-        return self
 
 
 class Audit(SpecModel):
@@ -681,6 +468,9 @@ SCALE_FROM_ZERO_NOT_MULTI_NODE = (
 LLAMACPP_KV_CACHE_TYPES: tuple[str, ...] = (
     "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 VLLM_KV_CACHE_TYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+LlamaCppKvCacheType = Literal[
+    "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+VllmKvCacheType = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 KvCacheType = Literal[
     "f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl",
     "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -879,14 +669,6 @@ class Rollout(SpecModel):
             raise ValueError("rollout.steps must be strictly ascending")
         return steps
 
-    @model_validator(mode="after")
-    def _canary_only_fields(self) -> Rollout:
-        if self.strategy != RolloutStrategy.CANARY and (
-            self.steps is not None or self.analysis is not None
-        ):
-            raise ValueError("rollout.steps and rollout.analysis apply only to strategy canary")
-        return self
-
     @property
     def effective_steps(self) -> tuple[int, ...]:
         return tuple(self.steps) if self.steps else DEFAULT_CANARY_STEPS
@@ -913,51 +695,6 @@ class LoadMode(StrEnum):
 
     MMAP = "mmap"  # --load-mode mmap: mapped from the cache volume, pages shared and reclaimable
     NO_MMAP = "no-mmap"  # --load-mode none: read into memory the process owns
-
-
-class CpuOffload(SpecModel):
-    """Part of the model kept in host memory, for a model the accelerators cannot hold whole.
-
-    The host memory it takes is planned and requested as the engine container's memory."""
-
-    model_config = {
-        "json_schema_extra": {
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.acceleratorLayers) != has(self.hostWeightsGiB)",
-                    "message": "cpuOffload takes exactly one of acceleratorLayers (engine "
-                    "llamacpp) and hostWeightsGiB (engine vllm)",
-                }
-            ]
-        }
-    }
-
-    accelerator_layers: int | None = Field(
-        default=None,
-        ge=1,
-        le=1024,
-        description="llamacpp: layers kept on the accelerators (llama-server --n-gpu-layers), "
-        "counting the model's layers (nextn included) and the output layer as one more; the "
-        "other layers, their weights and their KV cache, run from host memory on the CPU "
-        "(expect a large slowdown). The model's whole count or more offloads nothing. "
-        "`glm-operator plan` and an Infeasible condition give the count that fits.",
-    )
-    host_weights_gib: int | None = Field(
-        default=None,
-        alias="hostWeightsGiB",
-        ge=1,
-        le=MAX_HOST_WEIGHTS_GIB,
-        description="vllm: GiB of each GPU's weights kept in pinned host memory and streamed "
-        "to the GPU on every forward pass (vLLM --cpu-offload-gb; CUDA profiles only). The "
-        "pod's memory request grows by this much per GPU.",
-    )
-
-    @model_validator(mode="after")
-    def _one_form(self) -> CpuOffload:
-        if (self.accelerator_layers is None) == (self.host_weights_gib is None):
-            raise ValueError("cpuOffload takes exactly one of acceleratorLayers (engine "
-                             "llamacpp) and hostWeightsGiB (engine vllm)")
-        return self
 
 
 class ResourceOverrides(SpecModel):
@@ -1019,13 +756,6 @@ class PodOverrides(SpecModel):
         description="Engine image; the profile's image for the engine when unset.",
     )
 
-    @field_validator("labels")
-    @classmethod
-    def _no_reserved_labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
-        for key in labels or {}:
-            if key.startswith(RESERVED_LABEL_PREFIXES):
-                raise ValueError(f"podOverrides.labels: {key!r} uses a reserved prefix")
-        return labels
 
 
 class Parsers(SpecModel):
@@ -1064,26 +794,231 @@ class Parsers(SpecModel):
         return name
 
 
-class GLMServiceSpec(SpecModel):
-    """What to serve, on what, for how many users; the operator plans the rest."""
+class LlamaCpp(SpecModel):
+    """llama-server (llama.cpp) settings: GGUF models, on every accelerator and the CPU."""
+
+    kv_cache_type: LlamaCppKvCacheType | None = Field(
+        default=None,
+        description="Element type of the KV cache, K and V alike: f16 (default), q8_0 (about "
+        "half of f16), q4_0 (about a quarter), or f32, bf16, q5_1, q5_0, q4_1, iq4_nl; a "
+        "quantized V cache needs flash attention, which the operator turns on (a profile "
+        "without it refuses the quantized types). Applies to every pool.",
+    )
+    kv_unified: bool | None = Field(
+        default=None,
+        description="One KV buffer shared by every slot (--kv-unified) instead of one per slot "
+        "(default false). Planned memory is the same; each request then attends over the "
+        "whole buffer, which widens the compute buffer.",
+    )
+    load_mode: LoadMode | None = Field(
+        default=None,
+        description="mmap (default) maps the GGUF file from the cache volume; no-mmap reads it "
+        "into the engine's own memory (on the cpu profile both are counted in the pod's "
+        "memory).",
+    )
+    accelerator_layers: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="CPU offload: layers kept on the accelerators (llama-server "
+        "--n-gpu-layers), counting the model's layers (nextn included) and the output layer "
+        "as one more; the other layers, their weights and their KV cache, run from host "
+        "memory on the CPU (expect a large slowdown). The model's whole count or more "
+        "offloads nothing. `glm-operator plan` and an Infeasible condition give the count "
+        "that fits. Not on the cpu profile, nor with multi-node replicas.",
+    )
+
+
+class Vllm(SpecModel):
+    """vLLM settings: safetensors models, on NVIDIA GPUs and (vllm-ascend) Ascend NPUs."""
+
+    kv_cache_type: VllmKvCacheType | None = Field(
+        default=None,
+        description="Element type of the KV cache: auto (the model's dtype, default) or fp8, "
+        "fp8_e4m3, fp8_e5m2 (profiles with fp8). Applies to every pool.",
+    )
+    cpu_offload_gib: int | None = Field(
+        default=None,
+        alias="cpuOffloadGiB",
+        ge=1,
+        le=MAX_HOST_WEIGHTS_GIB,
+        description="GiB of each GPU's weights kept in pinned host memory and streamed to the "
+        "GPU on every forward pass (vLLM --cpu-offload-gb; CUDA profiles only). The pod's "
+        "memory request grows by this much per GPU. Not with multi-node replicas.",
+    )
+    parsers: Parsers | None = Field(
+        default=None,
+        description="The tool-call and reasoning parsers, overriding the ones derived from the "
+        "model (GLM-4.5/4.6 glm45, GLM-4.7/5/5.1 glm47).",
+    )
+    multi_token_prediction: StrictBool | None = Field(
+        default=None,
+        description="Speculative decoding with the model's own MTP (nextn) layers "
+        "(--speculative-config method mtp, one draft token per nextn layer). Default: on "
+        "where the model has nextn layers (GLM-4.5 and later); false turns it off; true "
+        "makes a model without them Infeasible. Their weights and KV cache are in the plan.",
+    )
+
+
+class EngineSettings(SpecModel):
+    """The engine, named by its key, with the settings only that engine honours. Absent (or
+    empty): the engine follows the ModelVersion's format (GGUF llamacpp, safetensors vllm)."""
 
     model_config = {
         "json_schema_extra": {
             "x-kubernetes-validations": [
                 {
-                    "rule": "!(has(self.replicas) && has(self.autoscaling))",
-                    "message": "replicas and autoscaling are mutually exclusive: set one",
-                    "fieldPath": ".replicas",
-                },
+                    "rule": "!(has(self.llamacpp) && has(self.vllm))",
+                    "message": "engine names one engine: give llamacpp or vllm, not both",
+                }
+            ]
+        }
+    }
+
+    llamacpp: LlamaCpp | None = Field(
+        default=None, description="llama-server (GGUF models).")
+    vllm: Vllm | None = Field(default=None, description="vLLM (safetensors models).")
+
+    @property
+    def name(self) -> Engine | None:
+        if self.llamacpp is not None:
+            return Engine.LLAMACPP
+        if self.vllm is not None:
+            return Engine.VLLM
+        return None
+
+
+@dataclass(frozen=True)
+class CpuOffload:
+    """The engine's CPU offload, whichever engine: llama.cpp's accelerator layers or vLLM's
+    GiB of weights per GPU in host memory (exactly one is set)."""
+
+    accelerator_layers: int | None = None
+    host_weights_gib: int | None = None
+
+
+# A pool's own rules; GLMServiceSpec, the main pool, lists them with its others.
+POOL_RULES: list[dict[str, str]] = [
+    {
+        "rule": "!(has(self.replicas) && has(self.autoscaling))",
+        "message": "replicas and autoscaling are mutually exclusive: set one",
+        "fieldPath": ".replicas",
+    },
+]
+
+
+class Pool(SpecModel):
+    """A pool of engine replicas: what each replica runs on, for what context and how many
+    requests at once, and how many replicas. The main pool's fields sit at the top of the
+    spec; the long-context pool is `longContext`, of the same type."""
+
+    model_config = {"json_schema_extra": {"x-kubernetes-validations": POOL_RULES}}
+
+    accelerator: Accelerator | None = Field(
+        default=None,
+        description="Accelerator profile and devices per replica (the long-context pool: the "
+        "main pool's when unset).",
+    )
+    context_length: int | None = Field(
+        default=None,
+        ge=MIN_CONTEXT_LENGTH,
+        le=MAX_CONTEXT_LENGTH,
+        description="Tokens of context every request may use (prompt plus completion). The "
+        "long-context pool: required, larger than the main pool's.",
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Requests decoded at once per replica, each with the full contextLength "
+        f"(main pool {DEFAULT_CONCURRENCY}, long-context pool 1 when unset).",
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Fixed replica count. Neither replicas nor autoscaling: the main pool runs "
+        "1 replica; the long-context pool sleeps at zero, wakes to one on the first long "
+        "request and goes back after idleSeconds. 0 stops the main pool: no pod runs and "
+        "nothing wakes one (scale from zero on demand is autoscaling.minReplicas 0 with "
+        "routing.mode EndpointPicker).",
+    )
+    autoscaling: Autoscaling | None = Field(
+        default=None,
+        description="Autoscaling instead of a fixed replica count. The long-context pool "
+        "scales on targets.queueLength only (long requests waiting per replica).",
+    )
+    idle_seconds: int = Field(
+        default=600,
+        ge=30,
+        le=86400,
+        description="With a minimum of 0 replicas: seconds without a request after which the "
+        "operator scales the pool to zero (the router wakes the main pool, the gateway the "
+        "long-context pool, on the next one). Ignored otherwise.",
+    )
+
+    @property
+    def min_replicas(self) -> int:
+        """The floor of a pool scaled on its queue (the long-context pool): fixed replicas
+        give their count; neither replicas nor autoscaling sleeps at 0."""
+        if self.replicas is not None:
+            return self.replicas
+        return 0 if self.autoscaling is None else self.autoscaling.min_replicas
+
+    @property
+    def max_replicas(self) -> int:
+        """The ceiling, as min_replicas: neither replicas nor autoscaling wakes to 1."""
+        if self.replicas is not None:
+            return max(1, self.replicas)
+        return 1 if self.autoscaling is None else self.autoscaling.max_replicas
+
+    @property
+    def queue_length(self) -> int:
+        """Long requests waiting per replica above which the pool adds one (1 by default)."""
+        targets = self.autoscaling.targets if self.autoscaling is not None else None
+        return 1 if targets is None or targets.queue_length is None else targets.queue_length
+
+    @property
+    def effective_concurrency(self) -> int:
+        return 1 if self.concurrency is None else self.concurrency
+
+    @property
+    def enabled(self) -> bool:
+        """A long-context pool given is a pool run (v1alpha1 had `enabled`)."""
+        return True
+
+
+_LLAMACPP = "has(self.engine) && has(self.engine.llamacpp)"
+_VLLM = "has(self.engine) && has(self.engine.vllm)"
+_OFFLOAD = (f"(({_LLAMACPP} && has(self.engine.llamacpp.acceleratorLayers)) || "
+            f"({_VLLM} && has(self.engine.vllm.cpuOffloadGiB)))")
+LONG_CONTEXT_SCALES_ON_QUEUE = (
+    "longContext.autoscaling scales on targets.queueLength only (the pool's own HPA on "
+    "queued long requests; other targets, behavior and scaler are the main pool's): remove "
+    "the others")
+
+
+class GLMServiceSpec(Pool):
+    """What to serve, on what, for how many users; the operator plans the rest."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                *POOL_RULES,
                 {
-                    "rule": "!has(self.engine) || self.engine != 'vllm' || "
-                    "self.accelerator.profile != 'cpu'",
+                    "rule": f"!({_VLLM}) || self.accelerator.profile != 'cpu'",
                     "message": "engine vllm does not run on the cpu accelerator profile: "
                     "use engine llamacpp with a GGUF ModelVersion",
-                    "fieldPath": ".engine",
+                    "fieldPath": ".engine.vllm",
                 },
                 {
-                    "rule": "!has(self.longContext) || !self.longContext.enabled || "
+                    "rule": "!has(self.longContext) || has(self.longContext.contextLength)",
+                    "message": "longContext.contextLength is required: the long-context "
+                    "pool's context, larger than contextLength",
+                    "fieldPath": ".longContext.contextLength",
+                },
+                {
+                    "rule": "!has(self.longContext) || "
                     "(has(self.longContext.accelerator) ? "
                     "(!has(self.longContext.accelerator.nodes) || "
                     "self.longContext.accelerator.nodes == 1) : "
@@ -1094,77 +1029,44 @@ class GLMServiceSpec(SpecModel):
                     "fieldPath": ".longContext.accelerator",
                 },
                 {
-                    "rule": "!has(self.longContext) || !self.longContext.enabled || "
+                    "rule": "!has(self.longContext) || "
                     "!has(self.longContext.contextLength) || !has(self.contextLength) || "
                     "self.longContext.contextLength > self.contextLength",
                     "message": "longContext.contextLength must be larger than contextLength",
                     "fieldPath": ".longContext.contextLength",
                 },
                 {
-                    "rule": "!has(self.kvCacheType) || !has(self.engine) || "
-                    f"(self.engine == 'vllm' ? self.kvCacheType in {_cel_list(VLLM_KV_CACHE_TYPES)}"
-                    f" : self.kvCacheType in {_cel_list(LLAMACPP_KV_CACHE_TYPES)})",
-                    "message": KV_TYPE_FOR_ENGINE,
-                    "fieldPath": ".kvCacheType",
+                    "rule": "!has(self.longContext) || !has(self.longContext.autoscaling) || "
+                    "(!has(self.longContext.autoscaling.behavior) && "
+                    "(!has(self.longContext.autoscaling.scaler) || "
+                    "self.longContext.autoscaling.scaler == 'Auto') && "
+                    "!has(self.longContext.autoscaling.targets.requestsPerSecond) && "
+                    "!has(self.longContext.autoscaling.targets.kvCacheUtilization) && "
+                    "!has(self.longContext.autoscaling.targets.acceleratorMemoryUtilization))",
+                    "message": LONG_CONTEXT_SCALES_ON_QUEUE,
+                    "fieldPath": ".longContext.autoscaling",
                 },
                 {
-                    "rule": "!has(self.kvCacheType) || !(self.kvCacheType in "
+                    "rule": f"!({_LLAMACPP}) || !has(self.engine.llamacpp.kvCacheType) || "
+                    f"!(self.engine.llamacpp.kvCacheType in "
                     f"{_cel_list(QUANTIZED_KV_CACHE_TYPES)}) || !has(self.engineArgs) || "
                     f"!self.engineArgs.join(' ').matches('{FLASH_ATTENTION_OFF}')",
                     "message": FLASH_ATTENTION_NEEDED,
                     "fieldPath": ".engineArgs",
                 },
                 {
-                    "rule": "!has(self.kvUnified) || !has(self.engine) || self.engine != 'vllm'",
-                    "message": "kvUnified is llama-server's (--kv-unified): engine vllm pages "
-                    "its KV cache across sequences anyway; remove it",
-                    "fieldPath": ".kvUnified",
+                    "rule": f"!{_OFFLOAD} || self.accelerator.profile != 'cpu'",
+                    "message": "CPU offload (engine.llamacpp.acceleratorLayers, "
+                    "engine.vllm.cpuOffloadGiB) needs an accelerator: on the cpu profile the "
+                    "whole model is in host memory already",
+                    "fieldPath": ".engine",
                 },
                 {
-                    "rule": "!has(self.loadMode) || !has(self.engine) || self.engine != 'vllm'",
-                    "message": "loadMode is llama-server's (--load-mode); engine vllm reads "
-                    "safetensors its own way: remove it",
-                    "fieldPath": ".loadMode",
-                },
-                {
-                    "rule": "!has(self.cpuOffload) || !has(self.cpuOffload.acceleratorLayers) "
-                    "|| !has(self.engine) || self.engine != 'vllm'",
-                    "message": "cpuOffload.acceleratorLayers is llama-server's (--n-gpu-layers);"
-                    " with engine vllm give cpuOffload.hostWeightsGiB (--cpu-offload-gb)",
-                    "fieldPath": ".cpuOffload.acceleratorLayers",
-                },
-                {
-                    "rule": "!has(self.cpuOffload) || !has(self.cpuOffload.hostWeightsGiB) || "
-                    "!has(self.engine) || self.engine != 'llamacpp'",
-                    "message": "cpuOffload.hostWeightsGiB is vLLM's (--cpu-offload-gb); with "
-                    "engine llamacpp give cpuOffload.acceleratorLayers (--n-gpu-layers)",
-                    "fieldPath": ".cpuOffload.hostWeightsGiB",
-                },
-                {
-                    "rule": "!has(self.cpuOffload) || self.accelerator.profile != 'cpu'",
-                    "message": "cpuOffload needs an accelerator: on the cpu profile the whole "
-                    "model is in host memory already",
-                    "fieldPath": ".cpuOffload",
-                },
-                {
-                    "rule": "!has(self.cpuOffload) || !has(self.accelerator.nodes) || "
+                    "rule": f"!{_OFFLOAD} || !has(self.accelerator.nodes) || "
                     "self.accelerator.nodes == 1",
-                    "message": "cpuOffload and a multi-node replica (accelerator.nodes above 1) "
-                    "do not combine: spread the model over nodes, or offload on one node",
-                    "fieldPath": ".cpuOffload",
-                },
-                {
-                    "rule": "!has(self.parsers) || !has(self.engine) || self.engine != 'llamacpp'",
-                    "message": "parsers are vLLM's (--tool-call-parser, --reasoning-parser): "
-                    "llama-server parses tool calls and reasoning from the model's own chat "
-                    "template; remove parsers or use engine vllm",
-                    "fieldPath": ".parsers",
-                },
-                {
-                    "rule": "!has(self.multiTokenPrediction) || !self.multiTokenPrediction || "
-                    "!has(self.engine) || self.engine != 'llamacpp'",
-                    "message": MTP_ON_LLAMACPP,
-                    "fieldPath": ".multiTokenPrediction",
+                    "message": "CPU offload and a multi-node replica (accelerator.nodes above "
+                    "1) do not combine: spread the model over nodes, or offload on one node",
+                    "fieldPath": ".engine",
                 },
                 {
                     "rule": "has(self.gateway) && (has(self.gateway.apiKeysSecret) || "
@@ -1207,79 +1109,36 @@ class GLMServiceSpec(SpecModel):
             "a rollout from status.stableModelVersion."
         )
     )
-    engine: Engine | None = Field(
+    engine: EngineSettings | None = Field(
         default=None,
         description=(
-            "llamacpp (llama-server, GGUF) or vllm (safetensors). Default: from the "
-            "ModelVersion format. A mismatch with the format is reported as "
-            "ModelReady=False, reason EngineFormatMismatch (the API server cannot see the "
-            "ModelVersion)."
+            "The engine as one key, with its own settings: llamacpp (llama-server, GGUF) or "
+            "vllm (safetensors). Default: from the ModelVersion format. A mismatch with the "
+            "format is reported as ModelReady=False, reason EngineFormatMismatch (the API "
+            "server cannot see the ModelVersion)."
         ),
     )
-    accelerator: Accelerator = Field(description="Accelerator profile and devices per replica.")
-    context_length: int = Field(
+    accelerator: Accelerator = Field(  # type: ignore[assignment]
+        description="Accelerator profile and devices per replica of the main pool.")
+    context_length: int = Field(  # type: ignore[assignment]
         default=DEFAULT_CONTEXT_LENGTH,
         ge=MIN_CONTEXT_LENGTH,
         le=MAX_CONTEXT_LENGTH,
         description="Tokens of context every request may use (prompt plus completion).",
     )
-    concurrency: int = Field(
+    concurrency: int = Field(  # type: ignore[assignment]
         default=DEFAULT_CONCURRENCY,
         ge=1,
         le=1024,
         description="Requests decoded at once per replica, each with the full contextLength.",
     )
-    kv_cache_type: KvCacheType | None = Field(
+    long_context: Pool | None = Field(
         default=None,
-        description="Element type of the KV cache, K and V alike. llamacpp: f16 (default), "
-        "q8_0 (about half of f16), q4_0 (about a quarter), or f32, bf16, q5_1, q5_0, q4_1, "
-        "iq4_nl; a quantized V cache needs flash attention, which the operator turns on "
-        "(a profile without it refuses the quantized types). vllm: auto (the model's dtype, "
-        "default) or fp8, fp8_e4m3, fp8_e5m2 (profiles with fp8). Applies to every pool.",
-    )
-    kv_unified: bool | None = Field(
-        default=None,
-        description="llamacpp: one KV buffer shared by every slot (--kv-unified) instead of "
-        "one per slot (default false). Planned memory is the same; each request then "
-        "attends over the whole buffer, which widens the compute buffer.",
-    )
-    load_mode: LoadMode | None = Field(
-        default=None,
-        description="llamacpp: mmap (default) maps the GGUF file from the cache volume; "
-        "no-mmap reads it into the engine's own memory (on the cpu profile both are "
-        "counted in the pod's memory).",
-    )
-    cpu_offload: CpuOffload | None = Field(
-        default=None,
-        description="Keep part of the model in host memory when the accelerators cannot "
-        "hold it (one node per replica; not on the cpu profile). Applies to every pool.",
-    )
-    parsers: Parsers | None = Field(
-        default=None,
-        description="vllm: the tool-call and reasoning parsers, overriding the ones derived "
-        "from the model (GLM-4.5/4.6 glm45, GLM-4.7/5/5.1 glm47).",
-    )
-    multi_token_prediction: StrictBool | None = Field(
-        default=None,
-        description="vllm: speculative decoding with the model's own MTP (nextn) layers "
-        "(--speculative-config method mtp, one draft token per nextn layer). Default: on "
-        "where the model has nextn layers (GLM-4.5 and later); false turns it off; true "
-        "makes a model without them Infeasible. Their weights and KV cache are in the plan. "
-        "llamacpp: refused (see docs/planning.md).",
-    )
-    replicas: int | None = Field(
-        default=None,
-        ge=0,
-        le=1000,
-        description="Fixed replica count (1 when neither replicas nor autoscaling is set). 0 "
-        "stops the service: no pod runs and nothing wakes one (scale from zero on demand is "
-        "autoscaling.minReplicas 0 with routing.mode EndpointPicker).",
-    )
-    autoscaling: Autoscaling | None = Field(
-        default=None, description="Autoscaling instead of a fixed replica count."
-    )
-    long_context: LongContext | None = Field(
-        default=None, description="Overflow pool for prompts longer than contextLength."
+        description="An overflow pool with a larger context, for prompts the main pool "
+        "rejects: the gateway sends a request the engine refuses for context size there, "
+        "waking the pool from zero (0 -> 1); its own HPA adds replicas up to its maximum on "
+        "queued long requests (1 -> N); the operator scales it back to zero after its "
+        "idleSeconds without a long request (docs/autoscaling.md). Given: it runs.",
     )
     gateway: Gateway = Field(default_factory=Gateway, description="Gateway sidecar settings.")
     routing: Routing = Field(
@@ -1292,11 +1151,11 @@ class GLMServiceSpec(SpecModel):
         default=None,
         max_length=64,
         description=(
-            "Extra engine arguments, one argv element each. Flags the operator plans or owns "
-            "(model, host, port, context size, GPU layers, slots, KV cache type, threads, "
-            "tensor parallel size, max model len, max num seqs, GPU memory utilization, API "
-            "keys, load mode, CPU offload) are refused: kvCacheType, kvUnified, loadMode and "
-            "cpuOffload are fields."
+            "Extra engine arguments, one argv element each, for whichever engine runs. Flags "
+            "the operator plans or owns (model, host, port, context size, GPU layers, slots, "
+            "KV cache type, threads, tensor parallel size, max model len, max num seqs, GPU "
+            "memory utilization, API keys, load mode, CPU offload) are refused: the engine's "
+            "settings are fields under engine."
         ),
         json_schema_extra={
             "items": {"maxLength": 256},
@@ -1315,97 +1174,64 @@ class GLMServiceSpec(SpecModel):
         default=None, description="Escape hatches for the engine pods."
     )
 
-    @field_validator("engine_args")
-    @classmethod
-    def _no_owned_flags(cls, args: list[str] | None) -> list[str] | None:
-        for arg in args or []:
-            if len(arg) > 256:
-                raise ValueError("engineArgs elements are at most 256 characters")
-            if re.match(OWNED_FLAG_PATTERN, arg):
-                raise ValueError(
-                    f"engineArgs must not set {arg}: the operator sets it from the plan "
-                    "or the GLMService fields"
-                )
-        return args
-
     @model_validator(mode="after")
-    def _cross_field(self, info: ValidationInfo) -> GLMServiceSpec:
-        gateway = self.gateway
-        if gateway.access == Access.OPEN and gateway.api_keys_secret:
-            raise ValueError(ACCESS_CONTRADICTS_KEYS)
-        if gateway.effective_access is None and not (info.context or {}).get(ADMITTED):
-            raise ValueError(ACCESS_NOT_CHOSEN)
-        if self.replicas is not None and self.autoscaling is not None:
-            raise ValueError("replicas and autoscaling are mutually exclusive: set one")
-        self._scale_from_zero_is_possible()
-        if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
-            raise ValueError("engine vllm does not run on the cpu accelerator profile")
-        self._engine_settings_fit_the_engine()
-        long_context = self.long_context
-        if long_context is not None and long_context.enabled and (
-            long_context.accelerator or self.accelerator
-        ).nodes != 1:
-            raise ValueError(
-                "the long-context pool runs on one node per replica: give "
-                "longContext.accelerator with nodes 1"
-            )
-        if (
-            long_context is not None
-            and long_context.enabled
-            and long_context.context_length is not None
-            and long_context.context_length <= self.context_length
-        ):
-            raise ValueError(
-                f"longContext.contextLength ({long_context.context_length}) must be larger "
-                f"than contextLength ({self.context_length})"
-            )
+    def _rules(self, info: ValidationInfo) -> GLMServiceSpec:
+        """The CRD's CEL rules, evaluated here too (api/rules.py): each written once. An
+        object the API server admitted is not checked again (it may predate a rule, as a
+        GLMService stored before spec.gateway.access existed; the operator reports that as
+        a condition instead of refusing to reconcile it)."""
+        if not (info.context or {}).get(ADMITTED):
+            rules.check(self)
         return self
 
-    def _scale_from_zero_is_possible(self) -> None:
-        """The CEL rules on autoscaling.minReplicas 0, mirrored."""
-        autoscaling = self.autoscaling
-        if autoscaling is None or autoscaling.min_replicas != 0:
-            return
-        if self.routing.mode != RoutingMode.ENDPOINT_PICKER:
-            raise ValueError(SCALE_FROM_ZERO_NEEDS_PICKER)
-        if autoscaling.scaler == Scaler.KEDA:
-            raise ValueError(SCALE_FROM_ZERO_NOT_WITH_KEDA)
-        if self.accelerator.nodes != 1:
-            raise ValueError(SCALE_FROM_ZERO_NOT_MULTI_NODE)
+    # --- the engine's settings, read by the planner and the renderers ----------------------
 
-    def _engine_settings_fit_the_engine(self) -> None:
-        """The CEL rules on kvCacheType, kvUnified, loadMode and cpuOffload, mirrored."""
-        engine, kv, offload = self.engine, self.kv_cache_type, self.cpu_offload
-        if kv is not None and engine is not None and kv not in (
-                VLLM_KV_CACHE_TYPES if engine == Engine.VLLM else LLAMACPP_KV_CACHE_TYPES):
-            raise ValueError(f"kvCacheType {kv} with engine {engine}: {KV_TYPE_FOR_ENGINE}")
-        if (kv in QUANTIZED_KV_CACHE_TYPES and self.engine_args
-                and re.search(FLASH_ATTENTION_OFF, " ".join(self.engine_args))):
-            raise ValueError(FLASH_ATTENTION_NEEDED)
-        if engine == Engine.VLLM and self.kv_unified is not None:
-            raise ValueError("kvUnified is llama-server's (--kv-unified): remove it with "
-                             "engine vllm")
-        if engine == Engine.VLLM and self.load_mode is not None:
-            raise ValueError("loadMode is llama-server's (--load-mode): remove it with "
-                             "engine vllm")
-        if engine == Engine.LLAMACPP and self.parsers is not None:
-            raise ValueError("parsers are vLLM's: llama-server parses tool calls and reasoning "
-                             "from the model's chat template; remove parsers")
-        if engine == Engine.LLAMACPP and self.multi_token_prediction:
-            raise ValueError(MTP_ON_LLAMACPP)
-        if offload is None:
-            return
-        if engine == Engine.VLLM and offload.accelerator_layers is not None:
-            raise ValueError("cpuOffload.acceleratorLayers is llama-server's: with engine "
-                             "vllm give cpuOffload.hostWeightsGiB")
-        if engine == Engine.LLAMACPP and offload.host_weights_gib is not None:
-            raise ValueError("cpuOffload.hostWeightsGiB is vLLM's: with engine llamacpp give "
-                             "cpuOffload.acceleratorLayers")
-        if self.accelerator.profile == CPU_PROFILE:
-            raise ValueError("cpuOffload needs an accelerator: not on the cpu profile")
-        if self.accelerator.nodes != 1:
-            raise ValueError("cpuOffload and a multi-node replica (accelerator.nodes above 1) "
-                             "do not combine")
+    @property
+    def engine_name(self) -> Engine | None:
+        """The engine named in spec.engine; None follows the ModelVersion's format."""
+        return None if self.engine is None else self.engine.name
+
+    @property
+    def kv_cache_type(self) -> str | None:
+        engine = self.engine
+        if engine is not None and engine.llamacpp is not None:
+            return engine.llamacpp.kv_cache_type
+        if engine is not None and engine.vllm is not None:
+            return engine.vllm.kv_cache_type
+        return None
+
+    @property
+    def kv_unified(self) -> bool | None:
+        llamacpp = self.engine.llamacpp if self.engine is not None else None
+        return None if llamacpp is None else llamacpp.kv_unified
+
+    @property
+    def load_mode(self) -> LoadMode | None:
+        llamacpp = self.engine.llamacpp if self.engine is not None else None
+        return None if llamacpp is None else llamacpp.load_mode
+
+    @property
+    def parsers(self) -> Parsers | None:
+        vllm = self.engine.vllm if self.engine is not None else None
+        return None if vllm is None else vllm.parsers
+
+    @property
+    def multi_token_prediction(self) -> bool | None:
+        vllm = self.engine.vllm if self.engine is not None else None
+        return None if vllm is None else vllm.multi_token_prediction
+
+    @property
+    def cpu_offload(self) -> CpuOffload | None:
+        engine = self.engine
+        if engine is not None and engine.llamacpp is not None and (
+                engine.llamacpp.accelerator_layers is not None):
+            return CpuOffload(accelerator_layers=engine.llamacpp.accelerator_layers)
+        if engine is not None and engine.vllm is not None and (
+                engine.vllm.cpu_offload_gib is not None):
+            return CpuOffload(host_weights_gib=engine.vllm.cpu_offload_gib)
+        return None
+
+    # --- the pools and routing -----------------------------------------------------------
 
     @property
     def effective_replicas(self) -> int:

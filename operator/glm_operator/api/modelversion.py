@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 
 from glm_operator.api.base import (
     API_VERSION,
+    GROUP,
     Int64,
     ObjectMeta,
     PositiveQuantity,
@@ -426,7 +427,9 @@ class ModelVersion(SpecModel):
 
     model_config = {"extra": "ignore"}
 
-    api_version: str = Field(default=API_VERSION, pattern=f"^{re.escape(API_VERSION)}$")
+    # One schema, served at both versions (conversion None): either apiVersion reads.
+    api_version: str = Field(default=API_VERSION,
+                             pattern=f"^{re.escape(GROUP)}/(v1alpha1|v1alpha2)$")
     kind: Literal["ModelVersion"] = "ModelVersion"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: ModelVersionSpec

@@ -122,7 +122,7 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
     main_lease = main_pool_reading_due(service, observed, now)
     main_activity = (_read_activity(rt.kube, namespace, main_lease)
                      if main_lease is not None else None)
-    secrets = rt.secrets.observed(namespace, (r.name for r in secret_references(service)))
+    secrets = rt.secrets.observed(namespace, (r.name for r in secret_references(service, rt.config)))
     decision = decide_service(
         service, model_versions_of(body, indexes["modelversions"], namespace), observed,
         rt.config, rt.profiles, capabilities, now=now,

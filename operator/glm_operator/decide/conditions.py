@@ -347,9 +347,9 @@ def _serving_conditions(conditions: Conditions, facts: ConditionInputs) -> None:
                            "ReplicasUnavailable" if degraded else "AsPlanned",
                            f"{ready} of {wanted_replicas} pods ready")
     elif facts.main_pool_asleep and stable_after is not None and not in_flight:
-        routing = facts.versions.service.spec.routing
+        idle_seconds = facts.versions.service.spec.idle_seconds
         conditions.set(C.READY, True, "ScaledToZero",
-                       f"{stable_after} is scaled to zero after {routing.idle_seconds} s "
+                       f"{stable_after} is scaled to zero after {idle_seconds} s "
                        "without a request: the router wakes it on the next one, which waits "
                        "while the model loads")
         conditions.set(C.DEGRADED, False, "ScaledToZero", "no pod runs, as planned")

@@ -24,7 +24,7 @@ Obj = dict[str, object]
 
 
 def policy(service: GLMService) -> idle.IdlePolicy:
-    return idle.IdlePolicy(service.spec.main_pool_may_sleep, service.spec.routing.idle_seconds)
+    return idle.IdlePolicy(service.spec.main_pool_may_sleep, service.spec.idle_seconds)
 
 
 def awake_deployments(observed: ObservedChildren, version: str) -> list[dict[str, object]]:

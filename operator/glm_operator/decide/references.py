@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from glm_operator.api import GLMService
+from glm_operator.config import OperatorConfig
+from glm_operator.render.pod import rate_limit_store
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SecretsObserved:
 UNOBSERVED = SecretsObserved(known=False)
 
 
-def secret_references(service: GLMService) -> list[SecretRef]:
+def secret_references(service: GLMService, config: OperatorConfig) -> list[SecretRef]:
     """Every Secret the service's pods read, in spec order."""
     namespace = service.metadata.namespace or "<namespace>"
     gateway = service.spec.gateway
@@ -53,11 +55,11 @@ def secret_references(service: GLMService) -> list[SecretRef]:
         refs.append(SecretRef(
             name, "spec.gateway.apiKeysSecret", "the API keys the gateway mounts",
             f"kubectl create secret generic {name} -n {namespace} --from-literal=key1=<key>"))
-    store = gateway.rate_limit.store if gateway.rate_limit else None
+    store = rate_limit_store(service, config)
     password = store.redis.password_secret if store else None
     if password is not None:
         refs.append(SecretRef(
-            password.name, "spec.gateway.rateLimit.store.redis.passwordSecret",
+            password.name, "rateLimitStore.redis.passwordSecret (the operator's config)",
             f"the rate-limit store's password (key {password.key!r})",
             f"kubectl create secret generic {password.name} -n {namespace} "
             f"--from-literal={password.key}=<password>"))
@@ -78,8 +80,9 @@ class References:
         return (self.reason, self.message) if self.ok is False else None
 
 
-def resolve_references(service: GLMService, observed: SecretsObserved) -> References:
-    refs = secret_references(service)
+def resolve_references(service: GLMService, observed: SecretsObserved,
+                       config: OperatorConfig) -> References:
+    refs = secret_references(service, config)
     namespace = service.metadata.namespace or ""
     if not refs:
         return References(True, "NoSecretReferences", "the service names no Secret")

@@ -195,7 +195,7 @@ def decide_service(
         istio=istio, prometheus_url=config.prometheus.url,
         stable_after=stable_after, wanted_replicas=wanted_replicas,
         stable_missing=bool(rendered.retained),
-        references=resolve_references(service, secrets),
+        references=resolve_references(service, secrets, config),
         router=service.spec.endpoint_picker,
         main_pool_asleep=main_pool.asleep(main_idle, observed),
         gateway=(None if gateway is None else replace(

@@ -113,13 +113,13 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
     except ValidationError as exc:
         problem = ("ModelVersionInvalid", f"ModelVersion {name!r} is invalid: {exc}")
         return VersionPlan(name, None, None, None, problem, None)
-    engine = service.spec.engine
+    engine = service.spec.engine_name
     fmt = mv.spec.format
     if engine and (engine, fmt) in {("vllm", "gguf"), ("llamacpp", "safetensors")}:
         fix = "llamacpp" if fmt == "gguf" else "vllm"
         problem = ("EngineFormatMismatch",
                    f"engine {engine} cannot serve the {fmt} ModelVersion {name!r}: "
-                   f"set spec.engine to {fix} or point spec.modelVersion at a "
+                   f"set spec.engine to {{{fix}: {{}}}} or point spec.modelVersion at a "
                    f"{'safetensors' if engine == 'vllm' else 'gguf'} ModelVersion")
         return VersionPlan(name, mv, None, None, problem, None)
     model_problem = _model_problem(name, mv)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from glm_operator.api import rules
 from glm_operator.api.glmservice import ADMITTED, GLMService, GLMServiceSpec, LoadMode
 from glm_operator.api.glmservice import Engine as ApiEngine
 from glm_operator.api.modelversion import ModelFacts as ApiModelFacts
@@ -52,8 +53,8 @@ class ModelFactsUnknown(ValueError):
 
 def engine_for(service: GLMService, model_version: ModelVersion) -> Literal["llamacpp", "vllm"]:
     """spec.engine, else the engine that serves the ModelVersion's format."""
-    if service.spec.engine is not None:
-        return "vllm" if service.spec.engine == ApiEngine.VLLM else "llamacpp"
+    if service.spec.engine_name is not None:
+        return "vllm" if service.spec.engine_name == ApiEngine.VLLM else "llamacpp"
     return "llamacpp" if model_version.spec.format == ModelFormat.GGUF else "vllm"
 
 
@@ -143,7 +144,7 @@ def plan_request_for(
         if pool is None or not pool.enabled or pool.context_length is None:
             raise ValueError(f"GLMService {service.metadata.name}: longContext is not enabled")
         accelerator = pool.accelerator or spec.accelerator
-        context_length, concurrency = pool.context_length, pool.concurrency
+        context_length, concurrency = pool.context_length, pool.effective_concurrency
     offload = spec.cpu_offload
     return PlanRequest(
         facts=model_facts_for(model_version),
@@ -198,12 +199,20 @@ def _accelerator_patch(spec: GLMServiceSpec, settings: Mapping[str, Any],
     return {"longContext": {"accelerator": {**own, **changed}}}
 
 
+# PlanRequest fields that are an engine's own setting: (engine, its key under spec.engine).
+_ENGINE_FIELDS = {"kv_cache_type": ("", "kvCacheType"),
+                  "gpu_layers": ("llamacpp", "acceleratorLayers"),
+                  "cpu_offload_gib": ("vllm", "cpuOffloadGiB")}
+
+
 def spec_patch(service: GLMService, settings: Mapping[str, Any],
-               long_context: bool = False) -> dict[str, Any] | None:
+               long_context: bool = False, engine_name: str = "") -> dict[str, Any] | None:
     """The JSON merge patch ({"spec": ...}) that asks for the PlanRequest fields `settings`,
     for the main pool or the long-context pool; None when one of them has no GLMService field
-    (the quantization belongs to the ModelVersion)."""
+    (the quantization belongs to the ModelVersion). `engine_name` is the engine the plan runs,
+    whose key an engine setting goes under."""
     spec = service.spec
+    engine_name = engine_name or (spec.engine_name or "")
     patch: dict[str, Any] = _accelerator_patch(spec, settings, long_context)
     pool_fields = {"context_length": "contextLength", "concurrency": "concurrency"}
     for name, value in settings.items():
@@ -214,19 +223,21 @@ def spec_patch(service: GLMService, settings: Mapping[str, Any],
                 patch.setdefault("longContext", {})[pool_fields[name]] = value
             else:
                 patch[pool_fields[name]] = value
-        elif name == "kv_cache_type":
-            patch["kvCacheType"] = value
-        elif name == "gpu_layers":
-            patch["cpuOffload"] = None if value is None else {"acceleratorLayers": value}
-        elif name == "cpu_offload_gib":
-            patch["cpuOffload"] = {"hostWeightsGiB": value} if value else None
+        elif name in _ENGINE_FIELDS:
+            engine, key = _ENGINE_FIELDS[name]
+            if name == "kv_cache_type":
+                engine = engine_name
+            settings_of = patch.setdefault("engine", {}).setdefault(engine, {})
+            settings_of[key] = value or None
         else:
             return None
-    if "cpuOffload" in patch and patch["cpuOffload"] is not None and spec.cpu_offload:
-        # Merge patch merges objects: drop the other form explicitly.
-        other = ("hostWeightsGiB" if "acceleratorLayers" in patch["cpuOffload"]
-                 else "acceleratorLayers")
-        patch["cpuOffload"][other] = None
+    chosen = set(patch.get("engine", {}))
+    if chosen and service.spec.engine_name is not None and chosen != {service.spec.engine_name}:
+        return None  # a setting of the engine the service does not run
+    if "engine" in patch and spec.engine_name is None:
+        # Naming the engine's settings names the engine: the one the plan already runs.
+        patch["engine"] = {name: {k: v for k, v in fields.items() if v is not None}
+                           for name, fields in patch["engine"].items()}
     return {"spec": patch}
 
 
@@ -244,13 +255,17 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def _patched(service: GLMService, patch: dict[str, Any]) -> GLMService | None:
-    """The service with the patch applied, if the API's rules (mirrored by the pydantic
-    types) admit it."""
+    """The service with the patch applied, if the API's rules admit it: its schema, and no
+    CEL rule broken that the service did not break already (api/rules.py; the API server
+    ratchets rules an object predates the same way)."""
     body = service.model_dump(by_alias=True, mode="json", exclude_none=True)
     try:
-        return GLMService.model_validate(merge_patch(body, patch), context={ADMITTED: True})
+        patched = GLMService.model_validate(merge_patch(body, patch), context={ADMITTED: True})
     except ValidationError:
         return None
+    if set(rules.broken(patched.spec)) - set(rules.broken(service.spec)):
+        return None
+    return patched
 
 
 # A further judgement on a patched service, with its plans (main, long-context or None):
@@ -295,7 +310,7 @@ def applicable_alternatives(
             else:
                 left.append(alternative)
             continue
-        patch = spec_patch(service, settings, long_context)
+        patch = spec_patch(service, settings, long_context, infeasible.request.engine)
         patched = _patched(service, patch) if patch is not None else None
         if patch is not None and patched is not None and _fits(patched, model_version,
                                                                 catalog, acceptable):

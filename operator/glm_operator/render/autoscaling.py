@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from glm_operator.api.glmservice import Autoscaling, LongContext, ScalingRules
+from glm_operator.api.glmservice import Autoscaling, Pool, ScalingRules
 from glm_operator.planning.planner import Plan
 from glm_operator.render.environment import render_object
 from glm_operator.render.meta import object_meta
@@ -294,7 +294,7 @@ def _long_context_behavior() -> dict[str, Any]:
             "scaleDown": _rules(_DEFAULT_SCALE_DOWN, None)}
 
 
-def long_context_hpa_wanted(long_context: LongContext) -> bool:
+def long_context_hpa_wanted(long_context: Pool) -> bool:
     """The pool's own HPA exists when it may grow beyond one replica (or minReplicas)."""
     return long_context.enabled and long_context.max_replicas > max(1, long_context.min_replicas)
 
@@ -305,7 +305,7 @@ def build_long_context_hpa(
     labels: dict[str, str],
     owner: dict[str, Any] | None,
     target_deployment: str,
-    long_context: LongContext,
+    long_context: Pool,
 ) -> dict[str, Any]:
     """1 -> N for the long-context pool, on its queued long requests.
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from glm_operator.api.base import duration_seconds
 from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelVersion
+from glm_operator.api.rate_limit_store import RateLimitStore, service_store
 from glm_operator.config import OperatorConfig
 from glm_operator.gateway import flags as gateway_flags
 from glm_operator.planning import memory as mem
@@ -433,7 +434,13 @@ def engine_container(ctx: PoolContext) -> dict[str, Any]:
     }
 
 
-def rate_limit_flags(service: GLMService) -> dict[str, Any]:
+def rate_limit_store(service: GLMService, config: OperatorConfig) -> RateLimitStore | None:
+    """The Redis the service's gateways share their buckets in (api/rate_limit_store.py)."""
+    return service_store(service.metadata.annotations,
+                         service.spec.gateway.rate_limit is not None, config.rate_limit_store)
+
+
+def rate_limit_flags(service: GLMService, config: OperatorConfig) -> dict[str, Any]:
     """requestsPerMinute -> the gateway's per-second bucket (burst defaults to 10 s worth);
     tokensPerMinute -> its per-key token budget (prompt + completion, charged from usage)."""
     limit = service.spec.gateway.rate_limit
@@ -445,7 +452,7 @@ def rate_limit_flags(service: GLMService) -> dict[str, Any]:
         flags["rate_limit_burst"] = limit.burst or max(1, limit.requests_per_minute // 6)
     if limit.tokens_per_minute is not None:
         flags["rate_limit_tokens_per_minute"] = limit.tokens_per_minute
-    store = limit.store
+    store = rate_limit_store(service, config)
     if store is not None:
         # The password is not here: rate_limit_env passes it from its Secret.
         flags["rate_limit_redis"] = store.redis.address
@@ -455,11 +462,11 @@ def rate_limit_flags(service: GLMService) -> dict[str, Any]:
     return flags
 
 
-def rate_limit_env(service: GLMService) -> list[dict[str, Any]]:
+def rate_limit_env(service: GLMService, config: OperatorConfig) -> list[dict[str, Any]]:
     """The shared store's password, from its Secret key straight into the environment: never
     in the args or the pod spec's plain values."""
-    limit = service.spec.gateway.rate_limit
-    secret = limit.store.redis.password_secret if limit and limit.store else None
+    store = rate_limit_store(service, config)
+    secret = store.redis.password_secret if store is not None else None
     if secret is None:
         return []
     return [{"name": gateway_flags.REDIS_PASSWORD_ENV,
@@ -497,7 +504,7 @@ def gateway_flag_values(ctx: PoolContext) -> dict[str, Any]:
         flags["wake_timeout"] = ctx.wake_timeout_seconds
     flags["activity_lease"] = ctx.activity_lease or None
     flags["api_keys"] = Path(API_KEYS_MOUNT) if gw.api_keys_secret else None
-    flags.update(rate_limit_flags(ctx.service))
+    flags.update(rate_limit_flags(ctx.service, ctx.config))
     flags["stop"] = list(stop_sequences(ctx.plan.request.facts.architecture))
     flags["audit"] = "stdout" if gw.audit.enabled else "off"
     flags["audit_include_text"] = gw.audit.enabled and gw.audit.include_prompts
@@ -541,7 +548,7 @@ def gateway_container(ctx: PoolContext) -> dict[str, Any]:
     if ctx.service.spec.gateway.api_keys_secret:
         mounts.append(api_keys_mount())
     args = ["gateway", *gateway_flags.write(gateway_flag_values(ctx))]
-    env = rate_limit_env(ctx.service)
+    env = rate_limit_env(ctx.service, ctx.config)
     return {
         "name": GATEWAY_CONTAINER,
         "image": config.operator_image,

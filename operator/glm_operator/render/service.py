@@ -349,7 +349,7 @@ def rendered_service(inputs: ServiceInputs) -> RenderedService:
         ]
     if main_lease is not None:
         objects.append(_main_activity_lease(name, namespace, version, main_lease, owner,
-                                            svc.spec.routing.idle_seconds))
+                                            svc.spec.idle_seconds))
     routing = None
     if svc.spec.endpoint_picker:
         routing = _routing_inputs(inputs, main, lc_pool, main_lease, owner)

@@ -1,4 +1,4 @@
--- Argo CD health of a glm-operator GLMService (serving.glm-operator.dev/v1alpha1).
+-- Argo CD health of a glm-operator GLMService (serving.glm-operator.dev/v1alpha2).
 -- Base and table libraries only: it runs the same from argocd-cm (standard libraries closed)
 -- and as a built-in script.
 local hs = {}
