@@ -60,10 +60,11 @@ OPERATOR_OWNED_ENGINE_FLAGS: tuple[str, ...] = (
     # vLLM
     "--served-model-name", "--max-model-len", "--max-num-seqs", "--gpu-memory-utilization",
     "-tp", "--tensor-parallel-size", "--kv-cache-dtype", "--cpu-offload-gb",
-    # vLLM's parsers (spec.parsers) and MTP speculative decoding (spec.multiTokenPrediction)
+    # vLLM's parsers (engine.vllm.parsers) and MTP speculative decoding (engine.vllm.
+    # multiTokenPrediction)
     "--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice",
     "--speculative-config", "-sc",
-    # llama-server's load mode (spec.loadMode)
+    # llama-server's load mode (engine.llamacpp.loadMode)
     "-lm", "--load-mode", "--mmap", "--no-mmap",
     # multi-node wiring (accelerator.nodes)
     "--rpc", "-pp", "--pipeline-parallel-size", "--distributed-executor-backend",
@@ -239,7 +240,7 @@ class Autoscaling(SpecModel):
     min_replicas: int = Field(
         default=1, ge=0, le=1000,
         description="Lower bound. 0 (scale from zero) needs routing.mode EndpointPicker: the "
-        "operator scales the pool to zero after routing.idleSeconds without a request and "
+        "operator scales the pool to zero after idleSeconds without a request and "
         "the router wakes it on the next one (the HPA itself keeps a floor of 1 while pods "
         "run). Not with scaler KEDA, nor with multi-node replicas, yet.")
     max_replicas: int = Field(ge=1, le=1000, description="Upper bound.")

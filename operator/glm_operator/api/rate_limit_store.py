@@ -1,7 +1,7 @@
 """Where the gateways of one GLMService keep the rate-limit buckets they share: a Redis.
 
 A cluster setting, not a model's: since v1alpha2 it is the operator's config
-(`gateway.rateLimitStore`, Helm value `config.gateway.rateLimitStore`); a v1alpha1 GLMService
+(`rateLimitStore`, Helm value `config.rateLimitStore`); a v1alpha1 GLMService
 still carries one under `spec.gateway.rateLimit.store`, which the operator honours for that
 service (conversion keeps it in an annotation) and reports as deprecated.
 """
