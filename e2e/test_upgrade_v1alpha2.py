@@ -92,7 +92,10 @@ def previous_release() -> str:
     if os.environ.get(UPGRADE_FROM_ENV):
         return str(git("rev-parse", os.environ[UPGRADE_FROM_ENV] + "^{commit}"))
     crd = f"crds/{GROUP}_glmservices.yaml"
-    first = git("log", "--reverse", "--format=%H", "-S", "name: v1alpha2", "--", crd)
+    # First parents only: the commit on this line that brought v1alpha2 (a merge, when it
+    # came from a branch), whose first parent is the release before it.
+    first = git("log", "--first-parent", "--reverse", "--format=%H", "-S", "name: v1alpha2",
+                "--", crd)
     if not first:
         pytest.skip("the GLMService CRD does not serve v1alpha2 yet: nothing to upgrade to")
     return str(git("rev-parse", first.splitlines()[0] + "^"))
@@ -280,6 +283,9 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
     svc = yaml.safe_load((old / "examples/cpu-llamacpp/glmservice.yaml").read_text())
     assert (mv["apiVersion"], svc["apiVersion"]) == (V1, V1)
     mv["spec"].setdefault("cache", {})["accessMode"] = "ReadWriteMany"  # as e2e/test_operator
+    # A setting that moves: at v1alpha1 the engine is a name and its settings sit beside it,
+    # at v1alpha2 they are under the engine's key.
+    svc["spec"].update({"engine": "llamacpp", "kvUnified": True})
     name, model = svc["metadata"]["name"], mv["metadata"]["name"]
 
     release = release_name()
@@ -365,7 +371,9 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
         # through the v1alpha2 model, which does the same.
         expected = conversion.convert(copy.deepcopy(stored_v1), V2)
         assert v2_spec(as_v2) == v2_spec(expected)
-        assert as_v2["spec"] != as_v1["spec"], "v1alpha2 has its own shape"
+        assert (as_v1["spec"]["engine"], as_v1["spec"]["kvUnified"]) == ("llamacpp", True)
+        assert as_v2["spec"]["engine"] == {"llamacpp": {"kvUnified": True}}
+        assert "kvUnified" not in as_v2["spec"]
         listed = kubectl.items(f"glmservices.v1alpha2.{GROUP}", "-n", watched)
         assert [o["metadata"]["name"] for o in listed] == [name]
         assert read(kubectl, "v1alpha2", watched, model, "modelversions")["spec"] == (
@@ -379,9 +387,15 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
                  what=f"this operator's first reconcile of {name}")
         wait_for(lambda: ready(read(kubectl, "v1alpha2", watched, name)), timeout=60,
                  what=f"{name} Ready under this operator")
-        assert current.metric("glm_operator_child_writes_total") == 0, current.tail()
-        assert children(kubectl, watched) == before_children
-        assert pods(kubectl, watched) == before_pods
+        # Checked at the end, so that one finding here does not hide the phases after it.
+        unchanged = [*differences("after the upgrade", before_children,
+                                  children(kubectl, watched)),
+                     *differences("pods after the upgrade", before_pods, pods(kubectl, watched))]
+        writes = current.metric("glm_operator_child_writes_total")
+        if writes:
+            unchanged.append(f"this operator wrote {writes:g} children: "
+                             + "; ".join(line.strip() for line in current.tail(400).splitlines()
+                                         if line.strip().startswith("applying ")))
         # The webhook was called for real (objects stored at v1alpha1 read at v1alpha2).
         assert current.metric("glm_operator_conversion_reviews_total", result="Success") >= 1
 
@@ -403,7 +417,10 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
         assert "storedVersions" in refused.stderr and "v1alpha2" in refused.stderr, (
             refused.stderr)
         assert storage_version(kubectl, CRDS[0]) == "v1alpha2"
-        assert read(kubectl, "v1alpha1", watched, name)["spec"] == stored_v1["spec"]
+        # Stored at v1alpha2 by now: read at v1alpha1 it is the round trip, which must give
+        # back what was stored.
+        unchanged += differences("the v1alpha1 spec after v1alpha2 storage", stored_v1["spec"],
+                                 read(kubectl, "v1alpha1", watched, name)["spec"])
         assert ready(read(kubectl, "v1alpha2", watched, name))
 
         # The supported way back (docs/install.md): store v1alpha1 again with the webhook
@@ -423,10 +440,20 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
         wait_for(lambda: back.metric("glm_operator_reconciles_total", kind="GLMService",
                                      result="ok") >= 2, timeout=120,
                  what="the previous operator reconciling both services again")
-        assert read(kubectl, "v1alpha1", watched, name)["spec"] == stored_v1["spec"]
+        unchanged += differences("the v1alpha1 spec after the rollback", stored_v1["spec"],
+                                 read(kubectl, "v1alpha1", watched, name)["spec"])
         after = children(kubectl, watched)
-        assert {k: v for k, v in after.items() if k in before_children} == before_children
-        assert back.metric("glm_operator_child_writes_total") == 0, back.tail()
+        unchanged += differences("after the rollback", before_children,
+                                 {k: v for k, v in after.items() if k in before_children})
+        unchanged += differences("pods after the rollback", before_pods,
+                                 {k: v for k, v in pods(kubectl, watched).items()
+                                  if k in before_pods})
+        writes = back.metric("glm_operator_child_writes_total")
+        if writes:
+            unchanged.append(f"the previous operator, back, wrote {writes:g} children: "
+                             + "; ".join(line.strip() for line in back.tail(400).splitlines()
+                                         if line.strip().startswith("applying ")))
+        assert unchanged == [], "\n".join(unchanged)
     except BaseException:
         for operator in operators:
             print(f"--- operator {operator.name} ---\n{operator.tail()}")
@@ -443,6 +470,23 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
             kubectl.run("delete", "namespace", namespace, "--wait=false", "--ignore-not-found",
                         check=False)
         restore_glm_crds(kubectl)
+
+
+def differences(when: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What changed between two observations, one line per object."""
+    found = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if old == new:
+            continue
+        if old is None or new is None:
+            found.append(f"{when}: {key} {'appeared' if old is None else 'went'}")
+        elif isinstance(old, dict) and isinstance(new, dict):
+            fields = sorted(f for f in set(old) | set(new) if old.get(f) != new.get(f))
+            found.append(f"{when}: {key} changed {', '.join(fields)}")
+        else:
+            found.append(f"{when}: {key} replaced ({old} -> {new})")
+    return found
 
 
 def v2_spec(obj: dict[str, Any]) -> dict[str, Any]:

@@ -168,7 +168,7 @@ class ConversionWebhook:
     the namespace `glm-operator` (`<fullname>-webhook`), without a caBundle: the chart's CRD
     template puts its own release's service and CA in their place
     (charts/glm-operator/templates/crds.yaml); whoever applies crds/ by hand sets them
-    (docs/install.md#crds-applied-by-hand-and-the-conversion-webhook)."""
+    (docs/install.md#the-conversion-webhook)."""
 
     service_name: str = "glm-operator-webhook"
     service_namespace: str = "glm-operator"
