@@ -258,9 +258,14 @@ GLMSERVICE_V1ALPHA1_COLUMNS = (
     PrinterColumn("Endpoint", ".status.endpoint", priority=1),
     AGE_COLUMN,
 )
-# v1alpha2 moved contextLength nowhere and the engine's name under spec.engine: its columns
-# are v1alpha1's (the plan's engine is the status's, in both).
-GLMSERVICE_V1ALPHA2_COLUMNS = GLMSERVICE_V1ALPHA1_COLUMNS
+# v1alpha2: v1alpha1's columns (the engine is the plan's, in both), and the vLLM layout the
+# plan chose (tp, dcp, dep) with -o wide.
+GLMSERVICE_V1ALPHA2_COLUMNS = (
+    *GLMSERVICE_V1ALPHA1_COLUMNS[:-1],
+    PrinterColumn("Layout", ".status.plan.vllm.layout", priority=1,
+                  description="vLLM layout of a replica's devices"),
+    AGE_COLUMN,
+)
 GLMSERVICE_KIND = Kind(
     kind="GLMService",
     plural="glmservices",

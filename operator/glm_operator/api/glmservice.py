@@ -830,8 +830,25 @@ class LlamaCpp(SpecModel):
     )
 
 
+VLLM_LAYOUTS = ("tp", "dcp", "dep")
+
+
 class Vllm(SpecModel):
     """vLLM settings: safetensors models, on NVIDIA GPUs and (vllm-ascend) Ascend NPUs."""
+
+    model_config = {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.rankTensorParallel) || "
+                    "(has(self.layout) && self.layout == 'dep')",
+                    "message": "rankTensorParallel is the tensor parallelism inside each "
+                    "data-parallel rank: it needs layout dep",
+                    "fieldPath": ".rankTensorParallel",
+                }
+            ]
+        }
+    }
 
     kv_cache_type: VllmKvCacheType | None = Field(
         default=None,
@@ -858,6 +875,25 @@ class Vllm(SpecModel):
         "(--speculative-config method mtp, one draft token per nextn layer). Default: on "
         "where the model has nextn layers (GLM-4.5 and later); false turns it off; true "
         "makes a model without them Infeasible. Their weights and KV cache are in the plan.",
+    )
+    layout: Literal["tp", "dcp", "dep"] | None = Field(
+        default=None,
+        description="How the main pool's devices of one replica share the model "
+        "(docs/planning.md, Layouts): tp (tensor parallel; the MLA latent cache is copied on "
+        "every rank), dcp (tensor parallel with decode context parallelism: the latent and "
+        "indexer caches sharded over the ranks; MLA models), dep (data-parallel attention "
+        "with expert parallelism: each rank caches only its own sequences; MoE models, one "
+        "node). Default: the planner's choice, the fewest devices that fit, ties to the "
+        "lower-latency layout; status.plan.layouts shows each one's capacity. A layout that "
+        "does not apply to the model or does not fit makes the plan Infeasible, naming the "
+        "layouts that do.",
+    )
+    rank_tensor_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="layout dep: tensor parallelism inside each data-parallel rank (it "
+        "divides accelerator.count; default 1).",
     )
 
 

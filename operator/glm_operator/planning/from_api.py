@@ -146,6 +146,9 @@ def plan_request_for(
         accelerator = pool.accelerator or spec.accelerator
         context_length, concurrency = pool.context_length, pool.effective_concurrency
     offload = spec.cpu_offload
+    vllm = spec.engine.vllm if spec.engine is not None else None
+    # The forced layout is the main pool's: the long-context pool's devices differ.
+    forced = vllm if vllm is not None and not long_context else None
     return PlanRequest(
         facts=model_facts_for(model_version),
         quantization=quantization,
@@ -162,6 +165,8 @@ def plan_request_for(
         gpu_layers=offload.accelerator_layers if offload else None,
         cpu_offload_gib=(offload.host_weights_gib or 0) if offload else 0,
         multi_token_prediction=spec.multi_token_prediction,
+        layout=forced.layout if forced is not None else None,
+        rank_tensor_parallel=(forced.rank_tensor_parallel or 1) if forced is not None else 1,
     )
 
 
@@ -201,6 +206,8 @@ def _accelerator_patch(spec: GLMServiceSpec, settings: Mapping[str, Any],
 
 # PlanRequest fields that are an engine's own setting: (engine, its key under spec.engine).
 _ENGINE_FIELDS = {"kv_cache_type": ("", "kvCacheType"),
+                  "layout": ("vllm", "layout"),
+                  "rank_tensor_parallel": ("vllm", "rankTensorParallel"),
                   "gpu_layers": ("llamacpp", "acceleratorLayers"),
                   "cpu_offload_gib": ("vllm", "cpuOffloadGiB")}
 
