@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     documents: list[Any] = []
     for name in args.filename:
         try:
-            text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
             documents += [d for d in yaml.safe_load_all(text) if d is not None]
         except (OSError, yaml.YAMLError) as exc:
             print(f"glm-operator convert: {name}: {exc}", file=sys.stderr)

@@ -78,7 +78,8 @@ def test_unknown_spec_field_is_refused_by_name() -> None:
             "minReplicas",
         ),
         ({"autoscaling": {"maxReplicas": 3, "targets": {}}}, "needs at least one of"),
-        ({"engine": {"vllm": {}}, "accelerator": {"profile": "cpu"}}, "vllm does not run on the cpu"),
+        ({"engine": {"vllm": {}}, "accelerator": {"profile": "cpu"}},
+         "vllm does not run on the cpu"),
         ({"accelerator": {"profile": "cpu", "count": 2}}, "count must be 1 on the cpu"),
         ({"contextLength": 100}, "contextLength"),
         (

@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from glm_operator.api.conversion import convert
 from glm_operator.api import GLMService, ModelVersion
+from glm_operator.api.conversion import convert
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.advice import infeasible_message
 from glm_operator.planning.from_api import (

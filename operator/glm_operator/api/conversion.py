@@ -35,7 +35,7 @@ import copy
 import json
 from typing import Any
 
-from glm_operator.api.glmservice import LLAMACPP_KV_CACHE_TYPES, VLLM_KV_CACHE_TYPES
+from glm_operator.api.glmservice import VLLM_KV_CACHE_TYPES
 from glm_operator.wellknown import CONVERSION_STASH_ANNOTATION, GROUP
 
 V1ALPHA1, V1ALPHA2 = "v1alpha1", "v1alpha2"
@@ -201,7 +201,7 @@ def _pop_stash(obj: Json) -> Json:
         return {}
     if not isinstance(stash, dict):
         return {}
-    if stash.get("annotationsAdded") and not annotations:
+    if stash.get("annotationsAdded") and not annotations and isinstance(metadata, dict):
         del metadata["annotations"]
     return stash
 
@@ -250,7 +250,8 @@ def _long_context_down(spec: Json, stash: Json) -> None:
     if isinstance(pool.get("replicas"), int):
         bounds.update(minReplicas=pool["replicas"], maxReplicas=max(1, pool["replicas"]))
     elif isinstance(scaling, dict):
-        targets = scaling.get("targets") if isinstance(scaling.get("targets"), dict) else {}
+        found = scaling.get("targets")
+        targets: Json = found if isinstance(found, dict) else {}
         bounds.update(minReplicas=scaling.get("minReplicas", 1),
                       maxReplicas=scaling.get("maxReplicas", 1),
                       queueLength=targets.get("queueLength", 1))

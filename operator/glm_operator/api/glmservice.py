@@ -14,8 +14,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    JsonValue,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from glm_operator.api import rules
 from glm_operator.api.base import (
     API_VERSION,
     DNS_LABEL_PATTERN,
@@ -29,9 +37,7 @@ from glm_operator.api.base import (
     SecretName,
     SpecModel,
     StringMap,
-    duration_seconds,
 )
-from glm_operator.api import rules
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.vllm_names import NO_PARSER, VLLM_REASONING_PARSERS, VLLM_TOOL_CALL_PARSERS
 from glm_operator.wellknown import ABORT_ANNOTATION, PROMOTE_ANNOTATION
@@ -935,7 +941,7 @@ class CpuOffload:
 
 
 # A pool's own rules; GLMServiceSpec, the main pool, lists them with its others.
-POOL_RULES: list[dict[str, str]] = [
+POOL_RULES: list[JsonValue] = [
     {
         "rule": "!(has(self.replicas) && has(self.autoscaling))",
         "message": "replicas and autoscaling are mutually exclusive: set one",
@@ -1155,15 +1161,15 @@ class GLMServiceSpec(Pool):
             "server cannot see the ModelVersion)."
         ),
     )
-    accelerator: Accelerator = Field(  # type: ignore[assignment]
+    accelerator: Accelerator = Field(
         description="Accelerator profile and devices per replica of the main pool.")
-    context_length: int = Field(  # type: ignore[assignment]
+    context_length: int = Field(
         default=DEFAULT_CONTEXT_LENGTH,
         ge=MIN_CONTEXT_LENGTH,
         le=MAX_CONTEXT_LENGTH,
         description="Tokens of context every request may use (prompt plus completion).",
     )
-    concurrency: int = Field(  # type: ignore[assignment]
+    concurrency: int = Field(
         default=DEFAULT_CONCURRENCY,
         ge=1,
         le=1024,

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
+from glm_operator.api import glmservice as v1alpha2
 from glm_operator.api.base import (
     GROUP,
     ObjectMeta,
@@ -55,7 +56,6 @@ from glm_operator.api.glmservice import (
     Scaler,
     _cel_list,
 )
-from glm_operator.api import glmservice as v1alpha2
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.rate_limit_store import RateLimitStore
 
@@ -88,7 +88,7 @@ class RateLimit(v1alpha2.RateLimit):
 class Gateway(v1alpha2.Gateway):
     """v1alpha2's gateway settings, with v1alpha1's rate limit."""
 
-    rate_limit: RateLimit | None = Field(  # type: ignore[assignment]
+    rate_limit: RateLimit | None = Field(
         default=None, description="Per-key rate limit.")
 
 

@@ -15,12 +15,15 @@ stored object and are left to it; cel-python's RE2 is the same engine as Kuberne
 from __future__ import annotations
 
 import functools
+import itertools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import celpy
 from celpy import celtypes
+from celpy.adapter import json_to_cel
+from celpy.evaluation import CELEvalError
 from pydantic import BaseModel
 
 Schema = Mapping[str, Any]
@@ -33,9 +36,9 @@ def _join(items: celtypes.ListType, separator: celtypes.StringType | None = None
         str(i) for i in items))
 
 
-def _is_sorted(items: celtypes.ListType) -> celtypes.BoolType:
+def _is_sorted(items: Sequence[Any]) -> celtypes.BoolType:
     """Kubernetes' lists library: list.isSorted()."""
-    return celtypes.BoolType(all(a <= b for a, b in zip(items, items[1:], strict=False)))
+    return celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(items)))
 
 
 # Kubernetes' quantity library: isQuantity(string), quantity(string) and the compare methods
@@ -75,8 +78,8 @@ def _program(expression: str) -> celpy.Runner:
 
 def _holds(expression: str, value: Any) -> bool:
     try:
-        return bool(_program(expression).evaluate({"self": celpy.json_to_cel(value)}))
-    except (celpy.CELEvalError, TypeError, ValueError, KeyError):
+        return bool(_program(expression).evaluate({"self": json_to_cel(value)}))
+    except (CELEvalError, TypeError, ValueError, KeyError):
         return False  # as the API server: a rule that cannot be evaluated does not hold
 
 
@@ -84,8 +87,8 @@ def _message(rule: Mapping[str, str], value: Any) -> str:
     expression = rule.get("messageExpression")
     if expression:
         try:
-            return str(_program(expression).evaluate({"self": celpy.json_to_cel(value)}))
-        except (celpy.CELEvalError, TypeError, ValueError, KeyError, IndexError):
+            return str(_program(expression).evaluate({"self": json_to_cel(value)}))
+        except (CELEvalError, TypeError, ValueError, KeyError, IndexError):
             pass
     return rule.get("message") or f"failed rule: {rule['rule']}"
 
