@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
 from glm_operator.api import glmservice as v1alpha2
+from glm_operator.api import rules
 from glm_operator.api.base import (
     GROUP,
     ObjectMeta,
@@ -26,7 +27,6 @@ from glm_operator.api.glmservice import (
     ACCESS_CONTRADICTS_KEYS,
     ACCESS_NOT_CHOSEN,
     ADMITTED,
-    CPU_PROFILE,
     DEFAULT_CONCURRENCY,
     DEFAULT_CONTEXT_LENGTH,
     FLASH_ATTENTION_NEEDED,
@@ -44,7 +44,6 @@ from glm_operator.api.glmservice import (
     SCALE_FROM_ZERO_NOT_WITH_KEDA,
     VLLM_KV_CACHE_TYPES,
     Accelerator,
-    Access,
     Autoscaling,
     Engine,
     KvCacheType,
@@ -52,8 +51,6 @@ from glm_operator.api.glmservice import (
     Parsers,
     PodOverrides,
     Rollout,
-    RoutingMode,
-    Scaler,
     _cel_list,
 )
 from glm_operator.api.glmservice_status import GLMServiceStatus
@@ -146,13 +143,6 @@ class LongContext(SpecModel):
         default=None, description="Accelerator per replica; spec.accelerator when unset."
     )
 
-    @model_validator(mode="after")
-    def _consistent(self) -> LongContext:
-        if self.enabled and self.context_length is None:
-            raise ValueError("longContext.contextLength is required when longContext is enabled")
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("longContext.minReplicas must be <= longContext.maxReplicas")
-        return self
 
 
 class CpuOffload(SpecModel):
@@ -192,12 +182,6 @@ class CpuOffload(SpecModel):
         "pod's memory request grows by this much per GPU.",
     )
 
-    @model_validator(mode="after")
-    def _one_form(self) -> CpuOffload:
-        if (self.accelerator_layers is None) == (self.host_weights_gib is None):
-            raise ValueError("cpuOffload takes exactly one of acceleratorLayers (engine "
-                             "llamacpp) and hostWeightsGiB (engine vllm)")
-        return self
 
 
 class GLMServiceSpec(SpecModel):
@@ -451,119 +435,12 @@ class GLMServiceSpec(SpecModel):
         default=None, description="Escape hatches for the engine pods."
     )
 
-    @field_validator("engine_args")
-    @classmethod
-    def _no_owned_flags(cls, args: list[str] | None) -> list[str] | None:
-        for arg in args or []:
-            if len(arg) > 256:
-                raise ValueError("engineArgs elements are at most 256 characters")
-            if re.match(OWNED_FLAG_PATTERN, arg):
-                raise ValueError(
-                    f"engineArgs must not set {arg}: the operator sets it from the plan "
-                    "or the GLMService fields"
-                )
-        return args
-
     @model_validator(mode="after")
-    def _cross_field(self, info: ValidationInfo) -> GLMServiceSpec:
-        gateway = self.gateway
-        if gateway.access == Access.OPEN and gateway.api_keys_secret:
-            raise ValueError(ACCESS_CONTRADICTS_KEYS)
-        if gateway.effective_access is None and not (info.context or {}).get(ADMITTED):
-            raise ValueError(ACCESS_NOT_CHOSEN)
-        if self.replicas is not None and self.autoscaling is not None:
-            raise ValueError("replicas and autoscaling are mutually exclusive: set one")
-        self._scale_from_zero_is_possible()
-        if self.engine == Engine.VLLM and self.accelerator.profile == CPU_PROFILE:
-            raise ValueError("engine vllm does not run on the cpu accelerator profile")
-        self._engine_settings_fit_the_engine()
-        long_context = self.long_context
-        if long_context is not None and long_context.enabled and (
-            long_context.accelerator or self.accelerator
-        ).nodes != 1:
-            raise ValueError(
-                "the long-context pool runs on one node per replica: give "
-                "longContext.accelerator with nodes 1"
-            )
-        if (
-            long_context is not None
-            and long_context.enabled
-            and long_context.context_length is not None
-            and long_context.context_length <= self.context_length
-        ):
-            raise ValueError(
-                f"longContext.contextLength ({long_context.context_length}) must be larger "
-                f"than contextLength ({self.context_length})"
-            )
+    def _rules(self, info: ValidationInfo) -> GLMServiceSpec:
+        """The CRD's CEL rules of v1alpha1, evaluated as v1alpha2's are (api/rules.py)."""
+        if not (info.context or {}).get(ADMITTED):
+            rules.check(self)
         return self
-
-    def _scale_from_zero_is_possible(self) -> None:
-        """The CEL rules on autoscaling.minReplicas 0, mirrored."""
-        autoscaling = self.autoscaling
-        if autoscaling is None or autoscaling.min_replicas != 0:
-            return
-        if self.routing.mode != RoutingMode.ENDPOINT_PICKER:
-            raise ValueError(SCALE_FROM_ZERO_NEEDS_PICKER)
-        if autoscaling.scaler == Scaler.KEDA:
-            raise ValueError(SCALE_FROM_ZERO_NOT_WITH_KEDA)
-        if self.accelerator.nodes != 1:
-            raise ValueError(SCALE_FROM_ZERO_NOT_MULTI_NODE)
-
-    def _engine_settings_fit_the_engine(self) -> None:
-        """The CEL rules on kvCacheType, kvUnified, loadMode and cpuOffload, mirrored."""
-        engine, kv, offload = self.engine, self.kv_cache_type, self.cpu_offload
-        if kv is not None and engine is not None and kv not in (
-                VLLM_KV_CACHE_TYPES if engine == Engine.VLLM else LLAMACPP_KV_CACHE_TYPES):
-            raise ValueError(f"kvCacheType {kv} with engine {engine}: {KV_TYPE_FOR_ENGINE}")
-        if (kv in QUANTIZED_KV_CACHE_TYPES and self.engine_args
-                and re.search(FLASH_ATTENTION_OFF, " ".join(self.engine_args))):
-            raise ValueError(FLASH_ATTENTION_NEEDED)
-        if engine == Engine.VLLM and self.kv_unified is not None:
-            raise ValueError("kvUnified is llama-server's (--kv-unified): remove it with "
-                             "engine vllm")
-        if engine == Engine.VLLM and self.load_mode is not None:
-            raise ValueError("loadMode is llama-server's (--load-mode): remove it with "
-                             "engine vllm")
-        if engine == Engine.LLAMACPP and self.parsers is not None:
-            raise ValueError("parsers are vLLM's: llama-server parses tool calls and reasoning "
-                             "from the model's chat template; remove parsers")
-        if engine == Engine.LLAMACPP and self.multi_token_prediction:
-            raise ValueError(MTP_ON_LLAMACPP)
-        if offload is None:
-            return
-        if engine == Engine.VLLM and offload.accelerator_layers is not None:
-            raise ValueError("cpuOffload.acceleratorLayers is llama-server's: with engine "
-                             "vllm give cpuOffload.hostWeightsGiB")
-        if engine == Engine.LLAMACPP and offload.host_weights_gib is not None:
-            raise ValueError("cpuOffload.hostWeightsGiB is vLLM's: with engine llamacpp give "
-                             "cpuOffload.acceleratorLayers")
-        if self.accelerator.profile == CPU_PROFILE:
-            raise ValueError("cpuOffload needs an accelerator: not on the cpu profile")
-        if self.accelerator.nodes != 1:
-            raise ValueError("cpuOffload and a multi-node replica (accelerator.nodes above 1) "
-                             "do not combine")
-
-    @property
-    def effective_replicas(self) -> int:
-        """Replicas when autoscaling is off."""
-        return 1 if self.replicas is None else self.replicas
-
-    @property
-    def endpoint_picker(self) -> bool:
-        """Requests go through the router and the endpoint picker (spec.routing.mode)."""
-        return self.routing.mode == RoutingMode.ENDPOINT_PICKER
-
-    @property
-    def inference_gateway(self) -> bool:
-        """The platform's inference gateway routes, from InferencePools and an HTTPRoute."""
-        return self.routing.mode == RoutingMode.INFERENCE_GATEWAY
-
-    @property
-    def main_pool_may_sleep(self) -> bool:
-        """The main pool scales from zero: autoscaling.minReplicas 0 (EndpointPicker only)."""
-        return (self.endpoint_picker and self.autoscaling is not None
-                and self.autoscaling.min_replicas == 0)
-
 
 class GLMService(SpecModel):
     """A GLMService object as written at v1alpha1."""

@@ -12,9 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 
-from glm_operator.api.base import Duration, SecretName, SpecModel, duration_seconds
+from glm_operator.api import rules
+from glm_operator.api.base import Duration, SecretName, SpecModel
 from glm_operator.wellknown import CONVERSION_STASH_ANNOTATION
 
 _PORT = r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
@@ -42,7 +43,7 @@ class RedisStore(SpecModel):
                 {
                     "rule": " && ".join(f"!self.address.startsWith('{p}')"
                                         for p in _LOOPBACK_PREFIXES),
-                    "message": "gateway.rateLimit.store.redis.address is a loopback address: "
+                    "message": "the rate-limit store's redis.address is a loopback address: "
                     "each pod would count alone; give a Service name or address all the "
                     "gateway pods reach",
                     "fieldPath": ".address",
@@ -67,13 +68,6 @@ class RedisStore(SpecModel):
         "environment variable from the Secret, never in the pod spec.",
     )
 
-    @field_validator("address")
-    @classmethod
-    def _not_loopback(cls, address: str) -> str:
-        if address.startswith(_LOOPBACK_PREFIXES):
-            raise ValueError("gateway.rateLimit.store.redis.address is a loopback address: "
-                             "each pod would count alone")
-        return address
 
 
 class RateLimitStore(SpecModel):
@@ -85,7 +79,7 @@ class RateLimitStore(SpecModel):
                 {
                     "rule": "duration(self.timeout) > duration('0s') && "
                     f"duration(self.timeout) <= duration('{MAX_STORE_TIMEOUT}')",
-                    "message": "gateway.rateLimit.store.timeout must be above 0 and at most "
+                    "message": "the rate-limit store's timeout must be above 0 and at most "
                     f"{MAX_STORE_TIMEOUT} (every request waits for it)",
                     "fieldPath": ".timeout",
                 }
@@ -106,14 +100,12 @@ class RateLimitStore(SpecModel):
         description="How long a request waits for Redis before `onUnavailable` applies.",
     )
 
-    @field_validator("timeout")
-    @classmethod
-    def _short_timeout(cls, timeout: str) -> str:
-        if not 0 < duration_seconds(timeout) <= duration_seconds(MAX_STORE_TIMEOUT):
-            raise ValueError(f"gateway.rateLimit.store.timeout must be above 0 and at most "
-                             f"{MAX_STORE_TIMEOUT}")
-        return timeout
-
+    @model_validator(mode="after")
+    def _rules(self) -> RateLimitStore:
+        """Its CEL rules (loopback, timeout), evaluated here too (api/rules.py): in the
+        operator's config no API server checks them."""
+        rules.check(self, "rateLimitStore")
+        return self
 
 def service_store(annotations: Mapping[str, str] | None, rate_limited: bool,
                   cluster: RateLimitStore | None) -> RateLimitStore | None:
