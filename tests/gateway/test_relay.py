@@ -614,3 +614,33 @@ async def test_a_lenient_chunk_size_from_the_engine_is_an_engine_error(
         assert "bad chunk-size line b'1_0'" in (await response.json())["error"]["message"]
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(("head", "said"), [
+    (b"Content-Length: 1_0\r\n", "bad Content-Length b'1_0'"),
+    (b"Content-Length: +5\r\n", "bad Content-Length b'+5'"),
+    (b"Transfer-Encoding: gzip, chunked\r\n", "Transfer-Encoding 'gzip, chunked'"),
+    (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", "both Transfer-Encoding"),
+    (b"Content-Length : 5\r\n", "bad header line b'Content-Length : 5'"),
+    (b"X-A: 1\r\n folded\r\n", "bad header line b' folded'"),
+    (b"Content-Length: 5\r\nContent-Length: 6\r\n", "differing Content-Length"),
+])
+async def test_a_head_the_rfc_refuses_is_an_engine_error_never_relayed(
+        raw_engine: tuple[list[list[bytes]], str], head: bytes, said: str) -> None:
+    """The relay's own reading of the engine's head (framing.response_head): a head RFC 9112
+    does not allow, or that leaves where the body ends open, is the engine error (503)
+    naming what was wrong and counted as such; none of the engine's bytes reach the client."""
+    script, url = raw_engine
+    client = await relay_gateway(url)
+    try:
+        script.append([SSE_HEAD + head + b"\r\n" + chunked(EVENTS)])
+        response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status == 503
+        raw = await response.read()
+        assert b"data:" not in raw and b"hello" not in raw
+        assert said in json.loads(raw)["error"]["message"]
+        text = await (await client.get("/metrics")).text()
+        assert 'glm_gateway_requests_total{code="503",endpoint="chat",model_version="v1",' \
+               'outcome="server_error",pool="main",service="glm"} 1.0' in text
+    finally:
+        await client.close()

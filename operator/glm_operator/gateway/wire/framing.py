@@ -8,12 +8,15 @@ relay must end a body exactly where llhttp would: a chunk-size line that one rea
 for sixteen and another refuses is two readers disagreeing on where a body ends, the ground
 of request smuggling. ChunkedBody therefore reads RFC 9112 section 7.1's grammar and nothing
 else, and tests/gateway/test_chunk_grammar.py checks it against llhttp's verdicts (Node's
-and httptools') on generated lines.
+and httptools') on generated lines. The head of that streamed answer is read here too
+(response_head), by RFC 9112 sections 4 to 6 and nothing else, checked against llhttp's
+verdicts the same way (tests/gateway/test_response_head.py).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from http import HTTPStatus
 
 MAX_HEAD_BYTES = 64 * 1024  # a request's or an answer's status line and headers together
@@ -58,6 +61,89 @@ _SIZE_LINE = re.compile(rb"([0-9A-Fa-f]+)(?:;%b(?:=(?:%b|%b))?)*" % (_TOKEN, _TO
 # RFC 9110 section 5.2: a field line, here a trailer's (no obs-fold: RFC 9112 section 5.2
 # lets a recipient refuse it, and llhttp does).
 _FIELD_LINE = re.compile(rb"%b:[ \t]*[\t \x21-\x7e\x80-\xff]*" % _TOKEN)
+
+
+# RFC 9112 section 4: status-line = HTTP-version SP status-code SP [ reason-phrase ]; the
+# last SP may be missing (llhttp takes `HTTP/1.1 200`, and nothing is lost without it). Only
+# HTTP/1.0 and 1.1 (llhttp also takes `HTTP/2.0`), and a status code of RFC 9110 section 15's
+# range (llhttp takes any three digits).
+_STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [\t \x21-\x7e\x80-\xff]*)?")
+# RFC 9110 section 8.6: Content-Length = 1*DIGIT, and "5, 5" (a list of one value) allowed.
+_LENGTH_LIST = re.compile(rb"[0-9]+(?:[ \t]*,[ \t]*[0-9]+)*")
+MAX_LENGTH = 2**64 - 1  # llhttp's bound ("Content-Length overflow")
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """A response head as the relay reads it: where its body ends is `chunked`, else
+    `length` bytes, else (neither) the connection's end."""
+
+    status: int
+    headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
+    chunked: bool
+    length: int | None
+
+
+def response_head(head: bytes) -> ResponseHead:
+    """The status, fields and body framing of a response head (its lines, without the blank
+    line that ends it); EngineProtocolError for anything RFC 9112 does not allow a sender, or
+    that leaves where the body ends open to two readings:
+
+    - each line a field line (no whitespace before the colon, no obs-fold: RFC 9112 sections
+      5.1 and 5.2 let a recipient refuse both, and llhttp does; no bare CR or LF);
+    - Transfer-Encoding exactly `chunked` (any case, OWS around it): another coding before
+      it could not be undone for the client, whose head the gateway writes itself; chunked
+      twice or not last (RFC 9112 section 6.1) leaves no framing this relay follows;
+    - Content-Length 1*DIGIT, at most 2**64 - 1; repeated (as lines or a list) only with one
+      value (RFC 9110 section 8.6), differing values refused;
+    - not both (RFC 9112 section 6.1: "ought to be handled as an error" by an intermediary,
+      which must not forward the message).
+
+    Bounded by MAX_HEAD_BYTES. Linear in the head's size."""
+    if len(head) > MAX_HEAD_BYTES:
+        raise EngineProtocolError("response head too large")
+    lines = head.split(b"\r\n")
+    status_match = _STATUS_LINE.fullmatch(lines[0])
+    if status_match is None:
+        raise EngineProtocolError(f"bad status line {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    codings: list[bytes] = []
+    lengths: list[bytes] = []
+    for line in lines[1:]:
+        if _FIELD_LINE.fullmatch(line) is None:
+            raise EngineProtocolError(
+                f"bad header line {line[:80]!r}: RFC 9112 allows `name: value` only (no "
+                "whitespace before the colon, no line folding, no control characters)")
+        name, _, raw = line.partition(b":")
+        value = raw.strip(b" \t")
+        key = name.decode("latin-1").lower()
+        if key == "transfer-encoding":
+            codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
+        elif key == "content-length":
+            if _LENGTH_LIST.fullmatch(value) is None:
+                raise EngineProtocolError(f"bad Content-Length {value[:40]!r}: RFC 9110 "
+                                          "allows digits only")
+            lengths.extend(v.strip(b" \t") for v in value.split(b","))
+        text = value.decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    length: int | None = None
+    if lengths:
+        if len({v.lstrip(b"0") for v in lengths}) > 1:
+            raise EngineProtocolError(
+                f"differing Content-Length values {headers['content-length'][:80]!r}")
+        digits = lengths[0].lstrip(b"0") or b"0"
+        if len(digits) > 20 or int(digits) > MAX_LENGTH:
+            raise EngineProtocolError(f"Content-Length {digits[:40]!r} past 2**64 - 1")
+        length = int(digits)
+    if codings:
+        if codings != [b"chunked"]:
+            raise EngineProtocolError(
+                f"Transfer-Encoding {headers['transfer-encoding'][:80]!r}: only `chunked`, "
+                "once, is followed")
+        if lengths:
+            raise EngineProtocolError("both Transfer-Encoding and Content-Length: RFC 9112 "
+                                      "6.1 has a proxy refuse such an answer")
+    return ResponseHead(int(status_match.group(1)), headers, bool(codings), length)
 
 
 def chunk_size(line: bytes) -> int:

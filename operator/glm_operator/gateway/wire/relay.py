@@ -45,6 +45,7 @@ from glm_operator.gateway.wire.framing import (
     MAX_HEAD_BYTES,
     ChunkedBody,
     EngineProtocolError,
+    response_head,
 )
 
 DrainFn = Callable[[], Awaitable[None]]  # waits until the client's socket buffer drained
@@ -157,33 +158,23 @@ class EngineExchange(asyncio.Protocol):
     # --- reading ---------------------------------------------------------------------------
 
     def _parse_head(self) -> None:
+        """The head, once whole, by RFC 9112 only (framing.response_head): a head it refuses
+        fails the exchange as the engine's protocol error, and nothing of it is relayed."""
         end = self._buffer.find(b"\r\n\r\n")
         if end < 0:
             if len(self._buffer) > MAX_HEAD_BYTES:
                 raise EngineProtocolError("response head too large")
             return
-        lines = bytes(self._buffer[:end]).decode("latin-1").split("\r\n")
+        parsed = response_head(bytes(self._buffer[:end]))
         rest = bytes(self._buffer[end + 4:])
         self._buffer.clear()
-        version, _, status_text = lines[0].partition(" ")
-        if not version.startswith("HTTP/1.") or not status_text[:3].isdigit():
-            raise EngineProtocolError(f"bad status line {lines[0][:80]!r}")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise EngineProtocolError(f"bad header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if parsed.chunked:
             self._chunked = ChunkedBody()
-        elif "content-length" in headers:
-            try:
-                self._length = int(headers["content-length"])
-            except ValueError:
-                raise EngineProtocolError("bad Content-Length") from None
+        elif parsed.length is not None:
+            self._length = parsed.length
         else:
             self._until_close = True
-        status = int(status_text[:3])
+        status, headers = parsed.status, parsed.headers
         if status in (204, 304) or 100 <= status < 200:
             self._chunked, self._length, self._until_close = None, 0, False
         self.head.set_result(EngineHead(status, headers))
