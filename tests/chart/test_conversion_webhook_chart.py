@@ -3,6 +3,7 @@ given), the Deployment serving it, and the CRD pointed at it and trusting its CA
 
 from __future__ import annotations
 
+import argparse
 import base64
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from glm_operator.api.crdgen import (
 from glm_operator.api.glmservice import GLMService, GLMServiceSpec
 from glm_operator.api.glmservice_status import GLMServiceStatus
 from glm_operator.api.modelversion import ModelVersionSpec
+from glm_operator.controllers.cli import add_arguments
 from glm_operator.generate import GENERATED_NOTE, crd_filename
 
 CA_PEM = """-----BEGIN CERTIFICATE-----
@@ -38,6 +40,11 @@ def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
     found = find(objs, kind, name)
     assert len(found) == 1, [(o["kind"], o["metadata"]["name"]) for o in objs]
     return found[0]
+
+
+def operator_container(objs: list[Obj]) -> Obj:
+    container: Obj = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return container
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +107,30 @@ def test_the_generated_certificate_names_the_service_and_is_signed_by_the_ca(
     assert "conversion" not in mv["spec"]
 
 
-def test_the_service_selects_the_operator_pods(helm: Helm, webhook_chart: Path) -> None:
+def test_the_service_reaches_every_replica_on_the_webhook_port(helm: Helm,
+                                                               webhook_chart: Path) -> None:
     objs = render(helm, webhook_chart)
     service = one(objs, "Service", "glm-glm-operator-webhook")
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 443,
                                          "targetPort": "webhook", "protocol": "TCP"}]
     pod = one(objs, "Deployment")["spec"]["template"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    container = operator_container(objs)
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"scheme": "HTTPS", "path": "/healthz",
+                                                      "port": "webhook"}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "webhook-tls")
+    assert mount == {"name": "webhook-tls", "mountPath": "/etc/glm-operator-webhook",
+                     "readOnly": True}
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "glm-glm-operator-webhook-tls"
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(container["args"][1:])
+    assert args.webhook_port == 9443
+    assert str(args.webhook_cert_file) == f"{mount['mountPath']}/tls.crt"
+    assert str(args.webhook_key_file) == f"{mount['mountPath']}/tls.key"
 
 
 def test_a_certificate_of_your_own(helm: Helm, webhook_chart: Path) -> None:
@@ -116,6 +140,10 @@ def test_a_certificate_of_your_own(helm: Helm, webhook_chart: Path) -> None:
     definition = one(objs, "CustomResourceDefinition", "glmservices.serving.glm-operator.dev")
     config = definition["spec"]["conversion"]["webhook"]["clientConfig"]
     assert base64.b64decode(config["caBundle"]).decode() == CA_PEM
+    volume = next(v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == "webhook-tls")
+    assert volume["secret"]["secretName"] == "my-webhook-cert"
+    assert "--webhook-port=10443" in operator_container(objs)["args"]
 
 
 def test_a_certificate_from_cert_manager(helm: Helm, webhook_chart: Path) -> None:
