@@ -28,6 +28,10 @@ from e2e.models import TinyLlamaSpec, write_tiny_llama
 pytestmark = pytest.mark.llama
 
 STREAM_SECONDS = 20.0  # how long the stream runs, sized from the engine's measured speed
+# The drain's bound, far above the stream: the stream is sized from a speed measured before
+# it, and on a loaded machine it ran past a 90 s drain once (cut before [DONE]); what this
+# test checks is that the drain lets it finish, not how fast the machine is.
+DRAIN_SECONDS = 900
 CTX = 8192
 
 
@@ -89,7 +93,8 @@ def tokens_per_second(port: int) -> float:
 def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests(
         engine: LlamaServer, tmp_path: Path) -> None:
     gateway = GatewayProcess.start(engine.url, tmp_path / "gw",
-                                   ["--drain-seconds", "90", "--kv-cache-poll-seconds", "0"])
+                                   ["--drain-seconds", str(DRAIN_SECONDS),
+                                    "--kv-cache-poll-seconds", "0"])
     try:
         rate = tokens_per_second(gateway.port)
         max_tokens = max(200, min(CTX - 64, int(rate * STREAM_SECONDS)))
@@ -145,7 +150,7 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests(
         idle.close()
 
         assert gateway.process.poll() is None, "the gateway exited while streaming"
-        assert done.wait(STREAM_SECONDS * 6), "the stream never finished"
+        assert done.wait(DRAIN_SECONDS), "the stream never finished"
         finished = time.monotonic()
         events = [line for line in bytes(received).split(b"\n") if line.startswith(b"data: ")]
         assert events[-1] == b"data: [DONE]"
