@@ -85,6 +85,17 @@ def test_routing_idle_seconds_is_the_pools() -> None:
     assert up["spec"]["idleSeconds"] == 900 and "idleSeconds" not in up["spec"]["routing"]
 
 
+def test_a_v1alpha1_object_without_routing_reads_back_without_routing() -> None:
+    # Stored at v1alpha2, the API server defaults spec.idleSeconds (600); read at v1alpha1 it
+    # must not grow a routing the object never had (the upgrade e2e found it did).
+    old = v1()
+    stored = convert(old, V2)
+    stored["spec"]["idleSeconds"] = 600  # v1alpha2's schema default, as the API server adds it
+    assert convert(stored, V1) == old
+    stored["spec"]["idleSeconds"] = 900  # not the default: it has to be said somewhere
+    assert convert(stored, V1)["spec"]["routing"] == {"idleSeconds": 900}
+
+
 def test_model_versions_only_change_their_api_version() -> None:
     mv = {"apiVersion": V1, "kind": "ModelVersion", "metadata": {"name": "m"},
           "spec": {"format": "gguf"}}

@@ -50,6 +50,7 @@ Json = dict[str, Any]
 _LLAMACPP_FIELDS = {"kvUnified": "kvUnified", "loadMode": "loadMode"}
 _VLLM_FIELDS = {"parsers": "parsers", "multiTokenPrediction": "multiTokenPrediction"}
 _LONG_CONTEXT_DEFAULTS = {"minReplicas": 0, "maxReplicas": 1, "queueLength": 1}
+_IDLE_SECONDS_DEFAULT = 600  # routing.idleSeconds at v1alpha1, spec.idleSeconds at v1alpha2
 
 
 class ConversionError(ValueError):
@@ -177,10 +178,14 @@ def _down(obj: Json) -> Json:
         return obj
     _engine_down(spec, stash)
     if "idleSeconds" in spec:
+        idle = spec.pop("idleSeconds")
         routing = spec.get("routing")
-        if not isinstance(routing, dict):
-            routing = spec["routing"] = {}
-        routing["idleSeconds"] = spec.pop("idleSeconds")
+        # v1alpha2 defaults it where v1alpha1 had no routing at all: the default is the same
+        # in both, so it is not written into a routing the object never had.
+        if isinstance(routing, dict) or idle != _IDLE_SECONDS_DEFAULT:
+            if not isinstance(routing, dict):
+                routing = spec["routing"] = {}
+            routing["idleSeconds"] = idle
     _long_context_down(spec, stash)
     if "rateLimitStore" in stash:
         gateway = spec.get("gateway")

@@ -78,7 +78,7 @@ def _program(expression: str) -> celpy.Runner:
 
 def _holds(expression: str, value: Any) -> bool:
     try:
-        return bool(_program(expression).evaluate({"self": json_to_cel(value)}))
+        return bool(_program(expression).evaluate({"self": value}))
     except (CELEvalError, TypeError, ValueError, KeyError):
         return False  # as the API server: a rule that cannot be evaluated does not hold
 
@@ -87,7 +87,7 @@ def _message(rule: Mapping[str, str], value: Any) -> str:
     expression = rule.get("messageExpression")
     if expression:
         try:
-            return str(_program(expression).evaluate({"self": json_to_cel(value)}))
+            return str(_program(expression).evaluate({"self": value}))
         except (CELEvalError, TypeError, ValueError, KeyError, IndexError):
             pass
     return rule.get("message") or f"failed rule: {rule['rule']}"
@@ -98,11 +98,12 @@ def violations(schema: Schema, value: Any, path: str = "spec") -> Iterator[str]:
     reports them."""
     if value is None:
         return
-    for rule in schema.get("x-kubernetes-validations", ()):
-        if "oldSelf" in rule["rule"]:
-            continue
-        if not _holds(rule["rule"], value):
-            yield f"{path}{rule.get('fieldPath', '')}: {_message(rule, value)}"
+    checked = [r for r in schema.get("x-kubernetes-validations", ()) if "oldSelf" not in r["rule"]]
+    if checked:
+        as_cel = json_to_cel(value)  # once for the node's rules
+        for rule in checked:
+            if not _holds(rule["rule"], as_cel):
+                yield f"{path}{rule.get('fieldPath', '')}: {_message(rule, as_cel)}"
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from glm_operator.wellknown import INTENT_HASH_ANNOTATION
+from glm_operator.wellknown import GROUP, INTENT_HASH_ANNOTATION
 
 # Server-set metadata never appears in the operator's intent.
 _IGNORED_METADATA = frozenset(
     {"resourceVersion", "uid", "generation", "creationTimestamp", "managedFields"}
 )
+_OWNER_API_VERSION = f"{GROUP}/v1alpha1"
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -87,9 +88,22 @@ def holds_intent(desired: Any, live: Any) -> bool:
     return first_difference(desired, live) is None
 
 
+def _owners_unversioned(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """`meta` with our owners' apiVersion at one version: an owner is its group, kind and
+    uid, the version it is served at is not part of the intent. Written as v1alpha1, so the
+    hashes of children applied before v1alpha2 still match and the upgrade rewrites none."""
+    owners = meta.get("ownerReferences")
+    if not owners:
+        return dict(meta)
+    return {**meta, "ownerReferences": [
+        {**r, "apiVersion": _OWNER_API_VERSION}
+        if str(r.get("apiVersion", "")).startswith(f"{GROUP}/") else r for r in owners]}
+
+
 def _comparable(obj: Mapping[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in obj.items() if k != "status"}
-    meta = {k: v for k, v in obj.get("metadata", {}).items() if k not in _IGNORED_METADATA}
+    meta = {k: v for k, v in _owners_unversioned(obj.get("metadata", {})).items()
+            if k not in _IGNORED_METADATA}
     annotations = {k: v for k, v in meta.get("annotations", {}).items()
                    if k != INTENT_HASH_ANNOTATION}
     if annotations:
@@ -120,7 +134,8 @@ def drift(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> Drift |
     is someone else's edit."""
     if live is None:
         return Drift(DriftReason.MISSING, ".")
-    difference = first_difference(_comparable(desired), live)
+    difference = first_difference(
+        _comparable(desired), {**live, "metadata": _owners_unversioned(live.get("metadata", {}))})
     wanted = desired.get("metadata", {}).get("annotations", {}).get(INTENT_HASH_ANNOTATION)
     applied = live.get("metadata", {}).get("annotations", {}).get(INTENT_HASH_ANNOTATION)
     if wanted is not None and wanted != applied:

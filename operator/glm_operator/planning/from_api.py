@@ -13,6 +13,7 @@ facts already mean trunk layers (Hugging Face `num_hidden_layers`).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -270,9 +271,21 @@ def _patched(service: GLMService, patch: dict[str, Any]) -> GLMService | None:
         patched = GLMService.model_validate(merge_patch(body, patch), context={ADMITTED: True})
     except ValidationError:
         return None
-    if set(rules.broken(patched.spec)) - set(rules.broken(service.spec)):
+    if set(rules.broken(patched.spec)) - _broken_already(service):
         return None
     return patched
+
+
+@functools.lru_cache(maxsize=64)
+def _broken_rules_of(spec_json: str) -> frozenset[str]:
+    return frozenset(rules.broken(GLMServiceSpec.model_validate_json(
+        spec_json, context={ADMITTED: True})))
+
+
+def _broken_already(service: GLMService) -> frozenset[str]:
+    """The rules the unpatched service breaks (an object admitted before a rule existed),
+    computed once for all of its alternatives."""
+    return _broken_rules_of(service.spec.model_dump_json(by_alias=True, exclude_none=True))
 
 
 # A further judgement on a patched service, with its plans (main, long-context or None):
