@@ -448,11 +448,19 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
         unchanged += differences("pods after the rollback", before_pods,
                                  {k: v for k, v in pods(kubectl, watched).items()
                                   if k in before_pods})
-        writes = back.metric("glm_operator_child_writes_total")
-        if writes:
-            unchanged.append(f"the previous operator, back, wrote {writes:g} children: "
-                             + "; ".join(line.strip() for line in back.tail(400).splitlines()
-                                         if line.strip().startswith("applying ")))
+        # The previous operator compares an owner reference's apiVersion as written: the
+        # children this operator created for the second service name it at v1alpha2, and
+        # the previous one rewrites their owner references once (metadata only, no pod
+        # restarts: checked above). Any other write is a finding.
+        second_owned = f"{watched}/{second['metadata']['name']}"
+        rewrites = [line.strip() for line in back.tail(400).splitlines()
+                    if line.strip().startswith("applying ")]
+        others = [line for line in rewrites
+                  if not (f" {second_owned}" in line
+                          and line.endswith("(LiveChanged: metadata.ownerReferences[0]"
+                                            ".apiVersion)"))]
+        if others:
+            unchanged.append("the previous operator, back, wrote children: " + "; ".join(others))
         assert unchanged == [], "\n".join(unchanged)
     except BaseException:
         for operator in operators:
