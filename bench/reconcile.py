@@ -143,14 +143,14 @@ def render_children(svc: dict[str, Any], mv: dict[str, Any],
     same objects the operator does."""
     from glm_operator.api import GLMService
     from glm_operator.config import OperatorConfig
-    from glm_operator.decide.observed import ObservedChildren
+    from glm_operator.decide.observed import ServiceObservation
     from glm_operator.decide.service import decide_service
     from glm_operator.render.service import Capabilities
 
     config = OperatorConfig()
-    decision = decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
-                              ObservedChildren([]), config, config.profiles,
-                              capabilities or Capabilities())
+    decision = decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc), model_versions={mv["metadata"]["name"]: mv},
+        capabilities=capabilities or Capabilities()), config, config.profiles)
     return decision.desired
 
 

@@ -16,7 +16,7 @@ import yaml
 from glm_operator.api import GLMService
 from glm_operator.cli import main
 from glm_operator.config import OperatorConfig
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ServiceObservation
 from glm_operator.decide.service import decide_service
 from glm_operator.render.capabilities import OPTIONAL_CRDS, capabilities_of
 from glm_operator.render.inference_pool import INFERENCE_GATEWAY_CRDS
@@ -105,11 +105,12 @@ def test_the_objects_are_those_of_the_controllers_decision() -> None:
     caps = capabilities_of(OPTIONAL_CRDS)
     body = {**svc, "metadata": {"name": "chat", "namespace": "prod", "uid": "u-1"}}
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    decision = decide_service(
-        GLMService.model_validate(body),
-        {mv["metadata"]["name"]: {**mv, "metadata": {**mv["metadata"], "namespace": "prod"},
-                                  "status": {"phase": "Ready"}}},
-        ObservedChildren([]), OperatorConfig(), OperatorConfig().profiles, caps, now=now)
+    decision = decide_service(ServiceObservation(
+        service=GLMService.model_validate(body),
+        model_versions={mv["metadata"]["name"]: {
+            **mv, "metadata": {**mv["metadata"], "namespace": "prod"},
+            "status": {"phase": "Ready"}}},
+        capabilities=caps, now=now), OperatorConfig(), OperatorConfig().profiles)
     out = render_documents([("svc", body), ("mv", mv)], OperatorConfig(), namespace="prod",
                            capabilities=caps, model_version_children=False, now=now)
     assert out == decision.desired

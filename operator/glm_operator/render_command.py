@@ -9,10 +9,11 @@ children the operator would apply: those of each ModelVersion (cache PVC, fetch 
 RBAC) and those of each GLMService, mesh routes and inference-gateway objects included. It
 does not assemble them itself: it calls the controllers' own pure decisions
 (decide/model_version.py, decide/service.py) with what a reconcile would observe in a
-cluster serving the optional CRDs named (none unless told), no live children yet, and each
-ModelVersion as the fetch Job leaves it (Ready, unless the input carries a status of its
-own, as one read back from a cluster does). So render and the operator cannot drift apart;
-e2e/test_render_matches_operator.py holds them equal.
+cluster serving the optional CRDs named (none unless told): a `ServiceObservation` with no
+live children yet, nothing else read, and each ModelVersion as the fetch Job leaves it
+(Ready, unless the input carries a status of its own, as one read back from a cluster
+does). So render and the operator cannot drift apart; e2e/test_render_matches_operator.py
+holds them equal.
 
 Manifests from git have no uid yet, so ownerReferences are left out; objects read back from
 a cluster (with metadata.uid) get them. Exit status 1, with the reason on stderr, when a
@@ -38,7 +39,7 @@ from glm_operator.api.glmservice import GLMService
 from glm_operator.api.modelversion import ModelVersion
 from glm_operator.config import OperatorConfig, load_config
 from glm_operator.decide.model_version import decide_model_version
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ServiceObservation
 from glm_operator.decide.service import ServiceDecision, decide_service
 from glm_operator.render.capabilities import CRD_SETS, OPTIONAL_CRDS, capabilities_of
 from glm_operator.render.output import to_yaml
@@ -237,8 +238,10 @@ def render_documents(
                 f"among the inputs: pass its ModelVersion with another -f (namespace {ns})")
         service = GLMService.model_validate(body)
         model_versions = {key[1]: _fetched(mv) for key, mv in versions.items() if key[0] == ns}
-        decision = decide_service(service, model_versions, ObservedChildren([]), config,
-                                  config.profiles, capabilities, now=now)
+        decision = decide_service(
+            ServiceObservation(service=service, model_versions=model_versions,
+                               capabilities=capabilities, now=now),
+            config, config.profiles)
         problems = _condition_problems(decision, NOT_SERVED)
         if problems and not decision.desired:
             raise RenderCommandError(f"GLMService {name} would not be served: "

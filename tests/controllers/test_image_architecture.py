@@ -7,7 +7,7 @@ from typing import Any
 
 from glm_operator.api import GLMService
 from glm_operator.config import OperatorConfig
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ServiceObservation
 from glm_operator.decide.service import ServiceDecision, decide_service
 from glm_operator.render.service import Capabilities
 from test_service_state import cond, load, ready_mv
@@ -18,8 +18,10 @@ ENGINE_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet")
 
 
 def decide(svc: dict[str, Any], mv: dict[str, Any], config: OperatorConfig) -> ServiceDecision:
-    return decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
-                          ObservedChildren([]), config, config.profiles, Capabilities())
+    return decide_service(ServiceObservation(service=GLMService.model_validate(svc),
+                                             model_versions={mv["metadata"]["name"]: mv},
+                                             capabilities=Capabilities()),
+                          config, config.profiles)
 
 
 def on_910b(**spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -148,13 +148,14 @@ def settled_gateway_service() -> tuple[dict[str, Any], list[dict[str, Any]], dic
 
 def decide_with_pools(pools: list[dict[str, Any]]) -> Any:
     from glm_operator.api import GLMService
-    from glm_operator.decide.observed import ObservedChildren
+    from glm_operator.decide.observed import ServiceObservation
     from glm_operator.decide.service import decide_service
     from test_service_state import CONFIG
 
     svc, live, v1 = settled_gateway_service()
-    return decide_service(GLMService.model_validate(svc), {"v1": v1}, ObservedChildren(live),
-                          CONFIG, CONFIG.profiles, BOTH, now=T0, inference_pools=pools)
+    return decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc), model_versions={"v1": v1}, live=live,
+        capabilities=BOTH, now=T0, inference_pools=pools), CONFIG, CONFIG.profiles)
 
 
 def test_a_pool_the_gateway_accepted_is_gateway_accepted() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from glm_operator.api import ADMITTED, API_VERSION, GLMService
 from glm_operator.api.conversion import convert
 from glm_operator.config import OperatorConfig
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ServiceObservation
 from glm_operator.decide.references import (
     UNOBSERVED,
     SecretsObserved,
@@ -28,9 +28,9 @@ STORE = {"redis": {"address": "redis.cache.svc:6379",
 def decide(svc: dict[str, Any], mvs: list[dict[str, Any]], secrets: SecretsObserved,
            live: list[dict[str, Any]] | None = None) -> ServiceDecision:
     service = GLMService.model_validate(svc, context={ADMITTED: True})
-    return decide_service(service, {m["metadata"]["name"]: m for m in mvs},
-                          ObservedChildren(live or []), CONFIG, CONFIG.profiles,
-                          Capabilities(), secrets=secrets)
+    return decide_service(ServiceObservation(
+        service=service, model_versions={m["metadata"]["name"]: m for m in mvs},
+        live=live or [], capabilities=Capabilities(), secrets=secrets), CONFIG, CONFIG.profiles)
 
 
 def with_status(svc: dict[str, Any], decision: ServiceDecision) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from glm_operator.api import GLMService, PoolStatus
 from glm_operator.controllers.apply import Step, plan_writes
 from glm_operator.decide import idle
 from glm_operator.decide.idle import ActivityReading
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ObservedChildren, ServiceObservation
 from glm_operator.decide.service import ServiceDecision, decide_service, main_pool_reading_due
 from glm_operator.render.service import Capabilities
 from test_service_state import (  # tests/controllers is on sys.path
@@ -64,9 +64,10 @@ def picker_service(**spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def decide_with(svc: dict[str, Any], mv: dict[str, Any], live: list[dict[str, Any]],
                 now: datetime, reading: ActivityReading | None = None) -> ServiceDecision:
-    return decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
-                          ObservedChildren(live), CONFIG, CONFIG.profiles, Capabilities(),
-                          now=now, main_pool_activity=reading)
+    return decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc), model_versions={mv["metadata"]["name"]: mv},
+        live=live, capabilities=Capabilities(), now=now, main_pool_activity=reading),
+        CONFIG, CONFIG.profiles)
 
 
 def serving(svc: dict[str, Any], mv: dict[str, Any],

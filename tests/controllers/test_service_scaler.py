@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from glm_operator.api import GLMService
 from glm_operator.config import OperatorConfig
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ServiceObservation
 from glm_operator.decide.service import ServiceDecision, decide_service
 from glm_operator.render.service import Capabilities
 
@@ -43,9 +43,10 @@ def named(mv: dict[str, Any], name: str) -> dict[str, Any]:
 def decide(svc: dict[str, Any], mvs: list[dict[str, Any]], live: list[dict[str, Any]],
            capabilities: Capabilities = KEDA, config: OperatorConfig = CONFIG,
            now: datetime | None = None) -> ServiceDecision:
-    return decide_service(GLMService.model_validate(svc), {m["metadata"]["name"]: m for m in mvs},
-                          ObservedChildren(live), config,
-                          config.profiles, capabilities, now=now)
+    return decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc),
+        model_versions={m["metadata"]["name"]: m for m in mvs}, live=live,
+        capabilities=capabilities, now=now), config, config.profiles)
 
 
 def scalers(decision: ServiceDecision) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import yaml
 from glm_operator.api import AnalysisResult, GLMService, RolloutStatus
 from glm_operator.config import OperatorConfig
 from glm_operator.decide.long_context import ActivityReading
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ObservedChildren, ServiceObservation
 from glm_operator.decide.service import (
     ServiceDecision,
     canary_weight,
@@ -45,10 +45,11 @@ def decide(svc: dict[str, Any], mvs: list[dict[str, Any]],
            live: list[dict[str, Any]] | None = None, now: datetime | None = None,
            capabilities: Capabilities | None = None,
            analysis: AnalysisResult | None = None) -> ServiceDecision:
-    return decide_service(GLMService.model_validate(svc), {m["metadata"]["name"]: m for m in mvs},
-                          ObservedChildren(live or []), CONFIG,
-                          CONFIG.profiles, capabilities or Capabilities(), now=now,
-                          analysis=analysis)
+    return decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc),
+        model_versions={m["metadata"]["name"]: m for m in mvs}, live=live or [],
+        capabilities=capabilities or Capabilities(), now=now or datetime.now(UTC),
+        analysis=analysis), CONFIG, CONFIG.profiles)
 
 
 def dump(decision: ServiceDecision) -> dict[str, Any]:
@@ -471,9 +472,10 @@ def test_decide_service_keeps_a_pool_with_recent_activity() -> None:
 
 def decide_service_with(svc: dict[str, Any], mv: dict[str, Any], live: list[dict[str, Any]],
                         now: datetime, reading: ActivityReading) -> Any:
-    return decide_service(GLMService.model_validate(svc), {mv["metadata"]["name"]: mv},
-                          ObservedChildren(live), CONFIG, CONFIG.profiles,
-                          Capabilities(), now=now, long_context_activity=reading)
+    return decide_service(ServiceObservation(
+        service=GLMService.model_validate(svc), model_versions={mv["metadata"]["name"]: mv},
+        live=live, capabilities=Capabilities(), now=now, long_context_activity=reading),
+        CONFIG, CONFIG.profiles)
 
 
 def statefulsets(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:

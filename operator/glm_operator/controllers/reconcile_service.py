@@ -1,15 +1,18 @@
 """One GLMService's reconcile: observe -> decide -> apply -> status.
 
-Observe: the service, its ModelVersions and children from the indexes (indexes.py), with
-the operator's own writes the watch has not shown yet (own_writes.py), parsed once; whether
-the Secrets it names exist, from the Secret names (secrets.py). From the
-API server it reads only what cannot be watched safely: which optional CRDs are served
-(cached for capabilityRecheckSeconds), the ScaledObjects once per service after a start,
-LeaderWorkerSets of multi-node services, an activity Lease when its idle deadline passed,
-and the optional children when their intent changed or at a resync (apply.py).
-Decide: decide/service.py (pure). Apply: apply.py, then the scales to zero of an idle
-long-context pool. Status: a merge patch of what changed, guarded by the resourceVersion
-it was decided from.
+Observe (`observe_service`, once, before deciding): the service, its ModelVersions and
+children from the indexes (indexes.py), with the operator's own writes the watch has not
+shown yet (own_writes.py), parsed once; whether the Secrets it names exist, from the Secret
+names (secrets.py). From the API server it reads only what cannot be watched safely: which
+optional CRDs are served (cached for capabilityRecheckSeconds), the optional children it
+owns once per service after a start (apply.py), LeaderWorkerSets of multi-node services,
+the InferencePools of an inference-gateway service, an activity Lease when its idle
+deadline passed; and the canary's analysis from Prometheus when a step is due. All of it
+goes into one `ServiceObservation` (decide/observed.py).
+Decide: decide/service.py (pure), from that observation alone. Apply: apply.py (which reads
+an optional child when its intent changed or at a resync), then the scales to zero of an
+idle pool. Status: a merge patch of what changed, guarded by the resourceVersion it was
+decided from.
 """
 
 from __future__ import annotations
@@ -40,12 +43,13 @@ from glm_operator.controllers.reconcile import emit, in_turn, namespace_terminat
 from glm_operator.controllers.runtime import Runtime, runtime
 from glm_operator.decide.drift import merge_patch
 from glm_operator.decide.long_context import ActivityReading
-from glm_operator.decide.observed import ObservedChildren
+from glm_operator.decide.observed import ObservedChildren, ServiceObservation
 from glm_operator.decide.references import secret_references
 from glm_operator.decide.service import (
     decide_service,
     long_context_reading_due,
     main_pool_reading_due,
+    namespace_model_versions_needed,
 )
 from glm_operator.kube.client import KubeClient, KubeError
 from glm_operator.render.inference_pool import INFERENCE_POOL_CRD
@@ -102,38 +106,52 @@ def _reconcile_service(namespace: str, name: str, indexes: Mapping[str, Any]) ->
         metrics.RECONCILES.labels("GLMService", "ok").inc()
 
 
-def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
-                          live: list[Obj], indexes: Mapping[str, Any]) -> None:
+def observe_service(rt: Runtime, key: Key, body: Obj, service: GLMService, live: list[Obj],
+                    indexes: Mapping[str, Any], now: datetime) -> ServiceObservation:
+    """Everything the decision reads, gathered before it decides: the indexes, the Secret
+    names, and the few API reads that cannot be watched. The pure questions of decide/ say
+    which of those are due (an activity Lease, the namespace's ModelVersions); nothing is
+    read after this returns until the decision is made."""
     namespace, name = key
-    now = datetime.now(UTC)
+    uid = body["metadata"]["uid"]
     capabilities = rt.capabilities()
-    rt.optional.discover(rt.kube, body["metadata"]["uid"], namespace, name,
-                         served_optional_kinds(capabilities))
+    # Not part of the observation: what the operator knows it applied of the optional
+    # children (apply.py), so that one a previous process left behind is pruned.
+    rt.optional.discover(rt.kube, uid, namespace, name, served_optional_kinds(capabilities))
     groups = (_live_leader_worker_sets(rt.kube, namespace, name)
               if capabilities.leader_worker_set and _multi_node(body) else [])
-    observed = ObservedChildren([*live, *groups])
+    children = ObservedChildren([*live, *groups])
     # Their status is the gateway's answer (decide/gateway.py); they are not watched.
-    pools = (_owned(rt.kube.list(*INFERENCE_POOL, namespace, _children_selector(name)),
-                    body["metadata"]["uid"])
+    pools = (_owned(rt.kube.list(*INFERENCE_POOL, namespace, _children_selector(name)), uid)
              if service.spec.inference_gateway
              and INFERENCE_POOL_CRD in capabilities.inference_crds else [])
     activity = (_read_activity(rt.kube, namespace, activity_lease_name(name))
-                if long_context_reading_due(service, observed, now) else None)
-    main_lease = main_pool_reading_due(service, observed, now)
+                if long_context_reading_due(service, children, now) else None)
+    main_lease = main_pool_reading_due(service, children, now)
     main_activity = (_read_activity(rt.kube, namespace, main_lease)
                      if main_lease is not None else None)
-    secrets = rt.secrets.observed(namespace, (r.name for r in secret_references(service, rt.config)))
-    decision = decide_service(
-        service, model_versions_of(body, indexes["modelversions"], namespace), observed,
-        rt.config, rt.profiles, capabilities, now=now,
-        analysis=canary_analysis(rt.config, service, now), long_context_activity=activity,
-        secrets=secrets,
-        namespace_model_versions=lambda: namespace_model_versions(indexes["modelversions"],
-                                                                  namespace),
-        main_pool_activity=main_activity, inference_pools=pools)
+    model_versions = model_versions_of(body, indexes["modelversions"], namespace)
+    siblings = (namespace_model_versions(indexes["modelversions"], namespace)
+                if namespace_model_versions_needed(service, model_versions, rt.profiles,
+                                                   rt.config) else None)
+    return ServiceObservation(
+        service=service, model_versions=model_versions, live=live, groups=groups,
+        capabilities=capabilities,
+        secrets=rt.secrets.observed(namespace,
+                                    (r.name for r in secret_references(service, rt.config))),
+        inference_pools=pools, long_context_activity=activity, main_pool_activity=main_activity,
+        analysis=canary_analysis(rt.config, service, now),
+        namespace_model_versions=siblings, now=now)
+
+
+def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
+                          live: list[Obj], indexes: Mapping[str, Any]) -> None:
+    namespace, _ = key
+    observation = observe_service(rt, key, body, service, live, indexes, datetime.now(UTC))
+    decision = decide_service(observation, rt.config, rt.profiles)
     corrected: list[str] = []
-    sync_children(rt.kube, body["metadata"]["uid"], decision.desired, live, rt.optional,
-                  decision.retained, corrected)
+    sync_children(rt.kube, body["metadata"]["uid"], decision.desired, list(observation.live),
+                  rt.optional, decision.retained, corrected)
     for deployment, resource_version in decision.scale_to_zero:
         rt.kube.scale("apps/v1", "Deployment", namespace, deployment, 0,
                       resource_version, IDLE_FIELD_MANAGER)
@@ -146,7 +164,7 @@ def _observe_decide_apply(rt: Runtime, key: Key, body: Obj, service: GLMService,
         _write_status(rt, body, new_status, merge_patch(old_status, new_status))
         _count_status_change(old_status, new_status)
     emit(rt.kube, body, [*decision.events, *drift_events(corrected)])
-    settling = _groups_settling(groups, decision.desired)
+    settling = _groups_settling(list(observation.groups), decision.desired)
     requeue = [t for t in (decision.requeue_after, GROUPS_POLL_SECONDS if settling else None)
                if t is not None]
     if requeue:

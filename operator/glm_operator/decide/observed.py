@@ -1,6 +1,9 @@
-"""The live children of one GLMService, read once per reconcile, with the questions the
-decision asks of them (pure). Every part of `decide_service` reads this value, never the raw
-list again (CloudNativePG's `managedResources`).
+"""What one GLMService reconcile observed, gathered before it decides (pure values): the
+`ServiceObservation` (CloudNativePG's `managedResources`), built once by the controllers
+(controllers/reconcile_service.py `observe_service`) from the indexes and the few API reads,
+and the live children in it (`ObservedChildren`), with the questions the decision asks of
+them. `decide_service` reads this value, never the raw lists again, and asks for nothing
+more while it decides: no callback, no read.
 
 The workloads that count a pool's replicas: Deployments, and for multi-node replicas the
 leader StatefulSet or the LeaderWorkerSet (one replica = one group; the worker StatefulSets
@@ -9,11 +12,17 @@ carry no pool label). All report replicas, updatedReplicas and readyReplicas ali
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from glm_operator.api import AnalysisResult, GLMService
+from glm_operator.decide.idle import ActivityReading
+from glm_operator.decide.references import UNOBSERVED, SecretsObserved
 from glm_operator.render.groups import GROUP_ROLE_LABEL, LEADER
 from glm_operator.render.names import label_value
+from glm_operator.render.service import Capabilities
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL, POOL_LABEL, VERSION_LABEL
 
 Obj = dict[str, Any]
@@ -121,3 +130,50 @@ class ObservedChildren:
                 replicas = child.get("spec", {}).get("replicas")
                 return int(replicas) if replicas is not None else None
         return None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class ServiceObservation:
+    """Everything one GLMService reconcile read, from the indexes and the API server, before
+    it decides. `children` is derived: the watched children and the groups, grouped by pool.
+    A field left at its default is what a cluster with nothing of it says (render builds one
+    from its inputs that way)."""
+
+    # The GLMService as stored, with the operator's own status write the watch has not shown
+    # yet, parsed once.
+    service: GLMService
+    # The ModelVersions it wants (spec.modelVersion) or serves (status.stableModelVersion),
+    # by name; one missing is not there.
+    model_versions: Mapping[str, Obj] = field(default_factory=dict)
+    # Watched children (the indexes, with the operator's own scales to zero the watch has
+    # not shown yet): the apply compares the intent with these.
+    live: Sequence[Obj] = ()
+    # LeaderWorkerSets of a multi-node service, read from the API server (not watched).
+    groups: Sequence[Obj] = ()
+    # The optional CRDs the cluster serves.
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    # Whether the Secrets the service names exist (the Secret names' watch).
+    secrets: SecretsObserved = UNOBSERVED
+    # The service's InferencePools, read for their status: the gateway's answer
+    # (decide/gateway.py). Only with spec.routing InferenceGateway and the CRD served.
+    inference_pools: Sequence[Obj] = ()
+    # The activity Leases, read only when a pool's idle deadline passed (see
+    # long_context_reading_due, main_pool_reading_due in decide/service.py); None: not read.
+    long_context_activity: ActivityReading | None = None
+    main_pool_activity: ActivityReading | None = None
+    # The canary's verdict from Prometheus, when its step was due for a check.
+    analysis: AnalysisResult | None = None
+    # Every ModelVersion of the namespace, read only when the wanted version's plan does not
+    # fit (its advice may point at another: decide/service.py
+    # namespace_model_versions_needed); None: not read, the advice weighs model_versions.
+    namespace_model_versions: Mapping[str, Obj] | None = None
+    # The time the decision is made for.
+    now: datetime = field(default_factory=_now)
+    children: ObservedChildren = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "children", ObservedChildren([*self.live, *self.groups]))

@@ -1,9 +1,10 @@
 """What a GLMService should look like right now: desired children and status (pure).
 
 observe (controllers/reconcile_service.py) -> decide (here) -> apply (controllers/apply.py).
-Given the service (parsed once by the reconcile), the ModelVersions it names, its live
-children (decide/observed.py) and, when a canary check was due, an analysis result,
-`decide_service` returns the children the operator must hold, the live children it must leave
+Given one observation (decide/observed.py `ServiceObservation`: the service parsed once,
+the ModelVersions it names, its live children, and whatever else the reconcile read before
+deciding: Secrets, InferencePools, activity Leases, a canary's analysis), `decide_service`
+returns the children the operator must hold, the live children it must leave
 alone, the status to report and when to look again. No I/O, so every branch (missing model,
 infeasible plan, each rollout step) is unit-testable.
 
@@ -14,9 +15,9 @@ write the conditions (decide/conditions.py) from what was decided and rendered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from glm_operator.api import (
@@ -37,14 +38,15 @@ from glm_operator.decide import rollout as rollouts
 from glm_operator.decide.conditions import ConditionInputs, service_conditions
 from glm_operator.decide.gateway import gateway_poll
 from glm_operator.decide.long_context import ActivityReading, decide_idle, needs_reading
-from glm_operator.decide.observed import ObservedChildren, Ref, rolled_out
-from glm_operator.decide.references import UNOBSERVED, SecretsObserved, resolve_references
+from glm_operator.decide.observed import ObservedChildren, Ref, ServiceObservation, rolled_out
+from glm_operator.decide.references import resolve_references
 from glm_operator.decide.versions import (
     Render,
     Serving,
     VersionPlan,
     Versions,
     plan_versions,
+    siblings_needed,
     spec_snapshot,
     what_runs,
 )
@@ -126,33 +128,33 @@ def long_context_reading_due(service: GLMService, observed: ObservedChildren,
                          now)
 
 
+def namespace_model_versions_needed(service: GLMService, model_versions: Mapping[str, Obj],
+                                    profiles: Mapping[str, AcceleratorProfile],
+                                    config: OperatorConfig) -> bool:
+    """Whether to observe every ModelVersion of the namespace before deciding: the wanted
+    version's plan does not fit, and its advice may point at another of them."""
+    return siblings_needed(service, model_versions, profiles, config)
+
+
 def decide_service(
-    service: GLMService,
-    model_versions: Mapping[str, Obj],
-    observed: ObservedChildren,
+    observation: ServiceObservation,
     config: OperatorConfig,
     profiles: Mapping[str, AcceleratorProfile],
-    capabilities: Capabilities,
-    now: datetime | None = None,
-    analysis: AnalysisResult | None = None,
-    long_context_activity: ActivityReading | None = None,
-    secrets: SecretsObserved = UNOBSERVED,
-    namespace_model_versions: Callable[[], Mapping[str, Obj]] | None = None,
-    main_pool_activity: ActivityReading | None = None,
-    inference_pools: Sequence[Obj] = (),
 ) -> ServiceDecision:
     """The decisions of one reconcile, in order: plan the wanted (and stable) version, step a
-    rollout, choose what runs, render it, promote, and report."""
-    now = now or datetime.now(UTC)
+    rollout, choose what runs, render it, promote, and report; from one observation, with
+    the operator's settings (`config`, the accelerator `profiles`)."""
+    service, observed = observation.service, observation.children
+    capabilities, now = observation.capabilities, observation.now
     previous = service.status
-    versions = plan_versions(service, model_versions, profiles, namespace_model_versions,
-                             config=config)
+    versions = plan_versions(service, observation.model_versions, profiles,
+                             observation.namespace_model_versions, config=config)
     wanted = versions.wanted
     events: list[Event] = []
     if wanted.plan_problem and wanted.plan_problem[0] == "Infeasible":
         events.append(("Warning", "Infeasible", wanted.plan_problem[1]))
 
-    rollout = _step_rollout(versions, observed, config, now, analysis)
+    rollout = _step_rollout(versions, observed, config, now, observation.analysis)
     events += rollout.events
     serving = what_runs(rollout.decision, versions)
     rendered = _render_versions(serving, observed, config, capabilities)
@@ -169,7 +171,7 @@ def decide_service(
     # With an inference gateway the HTTPRoute is the one writer of the weights: Istio's
     # gateway reads it (ENABLE_GATEWAY_API_INFERENCE_EXTENSION), and a VirtualService on the
     # same host would be a second, competing set of the same weights.
-    gateway = traffic.gateway_facts(service, capabilities, inference_pools)
+    gateway = traffic.gateway_facts(service, capabilities, observation.inference_pools)
     istio = (capabilities.istio and not service.spec.endpoint_picker
              and not service.spec.inference_gateway)
     if istio:
@@ -178,10 +180,10 @@ def decide_service(
         desired += traffic.gateway_objects(service, serving.routes, config, capabilities.istio)
 
     long_context, scale_to_zero, idle_requeue, idle_events = _long_context_pool(
-        service, observed, config, long_context_activity, now)
+        service, observed, config, observation.long_context_activity, now)
     events += idle_events
     main_idle = main_pool.decide(service, observed, _sleepable_version(serving),
-                                 main_pool_activity, now)
+                                 observation.main_pool_activity, now)
     events += main_idle.events
     scale_to_zero += main_idle.scale_to_zero
 
@@ -195,7 +197,7 @@ def decide_service(
         istio=istio, prometheus_url=config.prometheus.url,
         stable_after=stable_after, wanted_replicas=wanted_replicas,
         stable_missing=bool(rendered.retained),
-        references=resolve_references(service, secrets, config),
+        references=resolve_references(service, observation.secrets, config),
         router=service.spec.endpoint_picker,
         main_pool_asleep=main_pool.asleep(main_idle, observed),
         gateway=(None if gateway is None else replace(

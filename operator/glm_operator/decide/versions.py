@@ -11,7 +11,7 @@ ModelVersion is gone cannot be planned or rendered: its live pods are kept as th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,6 @@ from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL
 
 Obj = dict[str, Any]
 Problem = tuple[str, str]  # (reason, message)
-Siblings = Callable[[], Mapping[str, Obj]]
 
 
 @dataclass(frozen=True)
@@ -79,11 +78,11 @@ class Versions:
 
 def plan_versions(service: GLMService, model_versions: Mapping[str, Obj],
                   profiles: Mapping[str, AcceleratorProfile],
-                  namespace_model_versions: Siblings | None = None, *,
+                  namespace_model_versions: Mapping[str, Obj] | None = None, *,
                   config: OperatorConfig) -> Versions:
-    """`namespace_model_versions` lists the namespace's ModelVersions, read only when the
-    wanted version's plan does not fit (its advice may name another of them); `config`
-    says which architectures the images have builds for."""
+    """`namespace_model_versions`: the namespace's ModelVersions, observed only when the
+    wanted version's plan does not fit (`siblings_needed`; its advice may name another of
+    them); `config` says which architectures the images have builds for."""
     wanted = service.spec.model_version
     stable = service.status.stable_model_version
     rolling = bool(stable) and stable != wanted
@@ -99,9 +98,21 @@ def plan_versions(service: GLMService, model_versions: Mapping[str, Obj],
     )
 
 
+def siblings_needed(service: GLMService, model_versions: Mapping[str, Obj],
+                    profiles: Mapping[str, AcceleratorProfile], config: OperatorConfig) -> bool:
+    """Whether the wanted version's plan does not fit: its Infeasible message then weighs
+    the namespace's other ModelVersions, which a reconcile observes only then (reading them
+    walks the whole index)."""
+    wanted = _plan_version(service, service.spec.model_version, model_versions, profiles,
+                           config, advise=False)
+    return wanted.plan_problem is not None and wanted.plan_problem[0] == "Infeasible"
+
+
 def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, Obj],
                   profiles: Mapping[str, AcceleratorProfile], config: OperatorConfig,
-                  namespace_model_versions: Siblings | None = None) -> VersionPlan:
+                  namespace_model_versions: Mapping[str, Obj] | None = None,
+                  advise: bool = True) -> VersionPlan:
+    """`advise` False: an Infeasible plan without its message (no alternatives planned)."""
     body = model_versions.get(name)
     if body is None:
         problem = ("ModelVersionNotFound",
@@ -135,7 +146,9 @@ def _plan_version(service: GLMService, name: str, model_versions: Mapping[str, O
     plan_problem = None
     for pool, candidate in ((MAIN_POOL, main), (LONG_CONTEXT_POOL, long_plan)):
         if candidate is not None and not candidate.feasible:
-            siblings = (namespace_model_versions() if namespace_model_versions
+            if not advise:
+                return VersionPlan(name, mv, main, long_plan, model_problem, ("Infeasible", ""))
+            siblings = (namespace_model_versions if namespace_model_versions is not None
                         else model_versions)
             plan_problem = ("Infeasible", infeasible_message(
                 pool, candidate, service, mv, _parsed(siblings), profiles, config))
