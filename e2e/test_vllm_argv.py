@@ -61,6 +61,9 @@ FLAGS: dict[str, tuple[Any, bool]] = {
     # issue 38's layouts: DEP (data-parallel attention, expert parallel) and DCP
     "--data-parallel-size": (int, True),
     "--decode-context-parallel-size": (int, True),
+    # issue 38's host-memory KV tier (GiB, a float to vLLM) and its backend
+    "--kv-offloading-size": (float, True),
+    "--kv-offloading-backend": (str, True),
 }
 SWITCHES = {"--enable-auto-tool-choice": ("namespace", "enable_auto_tool_choice"),
             "--enable-expert-parallel": ("engine", "enable_expert_parallel")}
@@ -140,6 +143,12 @@ def layout_cases() -> dict[str, list[str]]:
                          concurrency=4, layout="dep", rank_tensor_parallel=2))
     assert p.feasible and p.vllm is not None, p.reason
     cases["layout:dep4xtp2"] = vllm_argv(p, "/models/glm-5", 8000, "glm-5")
+    # The host KV tier (spec.engine.vllm.kvOffloadGiB) where TP8 alone holds too few of 16.
+    p = plan(PlanRequest(facts=glm5, quantization="fp8", engine="vllm",
+                         accelerator="nvidia-h200", count=8, context_length=131072,
+                         concurrency=16, layout="tp", kv_offload_gib=80))
+    assert p.feasible and p.vllm is not None and p.vllm.kv_offloading_size == 80, p.reason
+    cases["kv-offload:tp8"] = vllm_argv(p, "/models/glm-5", 8000, "glm-5")
     return cases
 
 

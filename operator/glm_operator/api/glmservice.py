@@ -870,6 +870,20 @@ class Vllm(SpecModel):
         "GPU on every forward pass (vLLM --cpu-offload-gb; CUDA profiles only). The pod's "
         "memory request grows by this much per GPU. Not with multi-node replicas.",
     )
+    kv_offload_gib: int | None = Field(
+        default=None,
+        alias="kvOffloadGiB",
+        ge=1,
+        le=MAX_HOST_WEIGHTS_GIB,
+        description="GiB of host memory for vLLM's CPU KV tier per engine core (each "
+        "data-parallel rank), --kv-offloading-size with the native backend; CUDA profiles, "
+        "one node. A second tier behind the GPU's KV cache: it keeps computed KV blocks for "
+        "prefix-cache hits and for preempted requests, which resume by a copy instead of a "
+        "recomputed prefill; it adds no decoding room (requests decode with their KV on the "
+        "GPU). With it the plan fits when the GPUs hold one request at the asked context and "
+        "the tier the rest. The pod's memory request and /dev/shm grow by it per engine core. "
+        "Applies to every pool.",
+    )
     parsers: Parsers | None = Field(
         default=None,
         description="The tool-call and reasoning parsers, overriding the ones derived from the "

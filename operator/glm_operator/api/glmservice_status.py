@@ -148,6 +148,12 @@ class VllmPlan(StatusModel):
                                                 description="--enable-expert-parallel.")
     decode_context_parallel_size: int | None = Field(
         default=None, ge=1, description="--decode-context-parallel-size.")
+    kv_offloading_size: int | None = Field(
+        default=None, ge=0, description="--kv-offloading-size: GiB of the host KV tier per "
+        "engine core (DP rank); 0: none.")
+    kv_offload_tokens: NonNegativeInt64 | None = Field(
+        default=None, description="Tokens the host KV tier holds, the replica's engine cores "
+        "together: prefixes and preempted requests' KV, not decoding room.")
 
 
 class PlanLayout(StatusModel):

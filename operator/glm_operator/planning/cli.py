@@ -157,6 +157,9 @@ def _rows(p: Plan) -> list[tuple[str, str]]:
             rows.append(("--decode-context-parallel-size", str(v.decode_context_parallel_size)))
         if v.speculative_tokens:
             rows.append(("MTP draft tokens", str(v.speculative_tokens)))
+        if v.kv_offloading_size:
+            rows.append(("--kv-offloading-size", f"{v.kv_offloading_size} GiB per engine core "
+                         f"(host KV tier: {v.kv_offload_tokens} tokens, not decoding room)"))
     for i, n in enumerate(p.per_node):
         rows.append((f"node {i} ({n.role})",
                      f"{n.devices} devices, {n.layers} layers, weights {gib(n.weights_bytes)} "

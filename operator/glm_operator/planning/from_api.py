@@ -168,6 +168,7 @@ def plan_request_for(
         multi_token_prediction=spec.multi_token_prediction,
         layout=forced.layout if forced is not None else None,
         rank_tensor_parallel=(forced.rank_tensor_parallel or 1) if forced is not None else 1,
+        kv_offload_gib=(vllm.kv_offload_gib or 0) if vllm is not None else 0,
     )
 
 
@@ -210,7 +211,8 @@ _ENGINE_FIELDS = {"kv_cache_type": ("", "kvCacheType"),
                   "layout": ("vllm", "layout"),
                   "rank_tensor_parallel": ("vllm", "rankTensorParallel"),
                   "gpu_layers": ("llamacpp", "acceleratorLayers"),
-                  "cpu_offload_gib": ("vllm", "cpuOffloadGiB")}
+                  "cpu_offload_gib": ("vllm", "cpuOffloadGiB"),
+                  "kv_offload_gib": ("vllm", "kvOffloadGiB")}
 
 
 def spec_patch(service: GLMService, settings: Mapping[str, Any],

@@ -56,6 +56,19 @@ MODELSLIM_INT8_KV = frozenset({"w8a8c8"})
 LAYOUTS: tuple[str, ...] = ("tp", "dcp", "dep")
 # DEP's all-to-all dispatch and combine buffers (per rank, beside NCCL's).
 VLLM_EP_ALL2ALL_BYTES = 1 * GiB
+# vLLM's native CPU KV offload (--kv-offloading-size GiB, --kv-offloading-backend native: the
+# OffloadingConnector) is a second tier behind the device's KV cache, not more of it: a
+# sequence decodes only with its KV on the device. The tier keeps the KV blocks computed on
+# the device (stored as they fill) for prefix-cache hits the device has evicted and for
+# preempted sequences, which resume by a copy from host memory instead of a recomputed
+# prefill (docs/planning.md, "Host-memory KV tier"). On CUDA it is one shared mmap of
+# /dev/shm per engine core (each DP rank), so it counts in the pod's memory request and in
+# its /dev/shm. The catalog has no host-memory fact of a node: the tier of a pod is bounded by
+# the memory of its devices (KV_OFFLOAD_HOST_SHARE of it), a conservative bound for GPU
+# servers (8 x H200 HGX nodes carry 2 TiB of host memory for 1.1 TiB of HBM); the scheduler
+# enforces the node's real memory through the request.
+KV_OFFLOAD_BACKEND = "native"
+KV_OFFLOAD_HOST_SHARE = Fraction(1)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,9 @@ class PlanRequest:
     # the rest in host RAM (spec.cpuOffload.acceleratorLayers). None: all, or as many as fit.
     gpu_layers: int | None = None
     cpu_offload_gib: int = 0  # vLLM: GiB of weights per GPU in pinned host RAM (--cpu-offload-gb)
+    # vLLM: GiB of host memory for the CPU KV tier of each engine core (--kv-offloading-size,
+    # the TP ranks of one DP rank together); 0: none.
+    kv_offload_gib: int = 0
     node_memory_bytes: int | None = None  # CPU profile: RAM a replica may use (overrides)
     cpu_cores: int | None = None  # CPU profile: cores a replica may use (overrides)
     # vLLM: speculative decoding with the model's nextn (MTP) layers. None: where it has them.
@@ -110,6 +126,8 @@ class PlanRequest:
             raise ValueError(f"gpu_layers must be >= 1, got {self.gpu_layers}")
         if self.cpu_offload_gib < 0:
             raise ValueError(f"cpu_offload_gib must be >= 0, got {self.cpu_offload_gib}")
+        if self.kv_offload_gib < 0:
+            raise ValueError(f"kv_offload_gib must be >= 0, got {self.kv_offload_gib}")
 
 
 @dataclass(frozen=True)
@@ -173,6 +191,9 @@ class VllmSettings:
     enable_expert_parallel: bool = False  # --enable-expert-parallel
     decode_context_parallel_size: int = 1  # --decode-context-parallel-size (dcp)
     # max_num_seqs is per DP rank; the replica serves max_num_seqs x data_parallel_size
+    # --kv-offloading-size: GiB of the host KV tier per engine core (DP rank); 0 off
+    kv_offloading_size: int = 0
+    kv_offload_tokens: int = 0  # what the host tier holds, the replica's engine cores together
 
 
 @dataclass(frozen=True)
@@ -408,7 +429,10 @@ def _plan_vllm_layouts(request: PlanRequest, profile: AcceleratorProfile) -> Pla
             return chosen
         chosen_layout = request.layout
     else:
-        fitting = [layout for layout in layouts if plans[layout].feasible]
+        # With a host KV tier, a layout whose devices hold every request at once comes before
+        # one that leans on the tier (preempting).
+        fitting = sorted((layout for layout in layouts if plans[layout].feasible),
+                         key=lambda layout: _oversubscribed(plans[layout]))
         chosen_layout = fitting[0] if fitting else max(
             layouts, key=lambda layout: plans[layout].memory.headroom)
     capacities = tuple(_capacity(plans[layout], layout == chosen_layout) for layout in layouts)
@@ -417,6 +441,17 @@ def _plan_vllm_layouts(request: PlanRequest, profile: AcceleratorProfile) -> Pla
         chosen = replace(chosen, reason=f"{layout_label(chosen.vllm)}: {chosen.reason}"
                          if chosen.vllm else chosen.reason)
     return replace(chosen, layouts=capacities if len(layouts) > 1 else ())
+
+
+def _oversubscribed(p: Plan) -> bool:
+    """The devices hold fewer than the asked requests at full context (the host KV tier
+    keeps the others' KV while they wait)."""
+    settings = p.vllm
+    if settings is None:
+        return False
+    context = mem.round_up(p.request.context_length, VLLM_BLOCK_SIZE)
+    ranks = settings.data_parallel_size
+    return (settings.kv_cache_tokens // ranks) // context < settings.max_num_seqs
 
 
 def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) -> str | None:
@@ -462,6 +497,16 @@ def _compatibility_problem(request: PlanRequest, profile: AcceleratorProfile) ->
     if request.engine == "vllm" and request.cpu_offload_gib > 0 and profile.vendor != "nvidia":
         return (f"vLLM's CPU weight offload (--cpu-offload-gb, UVA) is built for CUDA; "
                 f"{profile.name} is a {profile.vendor} profile: remove cpuOffload")
+    if request.kv_offload_gib and request.engine != "vllm":
+        return ("kvOffloadGiB is vLLM's host KV tier (--kv-offloading-size): llama.cpp has "
+                "--cache-ram")
+    if request.kv_offload_gib and profile.vendor != "nvidia":
+        return (f"vLLM's host KV tier (--kv-offloading-size) is planned on NVIDIA only (its "
+                f"shared-memory region is CUDA's; vllm-ascend 0.23 is not checked): {profile.name} "
+                f"is a {profile.vendor} profile: remove kvOffloadGiB")
+    if request.kv_offload_gib and request.nodes > 1:
+        return ("vLLM's host KV tier (kvOffloadGiB) is planned on one node (nodes 1): across "
+                "nodes vLLM splits it over Ray workers the plan does not count yet")
     if request.engine == "vllm" and request.nodes > facts.block_count:
         return (f"{request.nodes} pipeline stages (nodes) exceed the model's "
                 f"{facts.block_count} layers")
@@ -837,7 +882,18 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = 
     stage_share = Fraction(stages[0], facts.block_count)
     kv_per_token_rank = kv_per_token_gpu  # all layers, this rank's KV heads
     kv_per_token_gpu = int(kv_per_token_gpu * stage_share)
-    kv_needed = kv_per_token_gpu * tokens
+    # The host KV tier of each engine core, in tokens: vLLM stores one copy of every rank's
+    # blocks, or one of an MLA latent that the TP ranks replicate (OffloadingConnector's
+    # replicated layout: TP only, one node).
+    host_copies = 1 if facts.is_mla and dcp == 1 and pp == 1 else tp * pp
+    host_bytes_per_token = kv_per_token_rank * host_copies
+    offload_tier = request.kv_offload_gib * GiB
+    host_tokens = offload_tier // host_bytes_per_token if host_bytes_per_token else 0
+    # The device must hold what the tier does not, and at least one request at full context
+    # (vLLM refuses a max_model_len its KV cache cannot hold): the tier adds no decoding room.
+    context = mem.round_up(request.context_length, VLLM_BLOCK_SIZE)
+    device_tokens = max(min(tokens, context), tokens - host_tokens)
+    kv_needed = kv_per_token_gpu * device_tokens
     utilization = VLLM_GPU_MEMORY_UTILIZATION
     available = profile.memory_bytes
     activation = mem.vllm_activation_bytes(
@@ -891,25 +947,42 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = 
         data_parallel_size=dp,
         enable_expert_parallel=dep,
         decode_context_parallel_size=dcp,
+        kv_offloading_size=request.kv_offload_gib,
+        kv_offload_tokens=int(host_tokens) * dp,
     )
     if offload:
         warnings.append(f"{request.cpu_offload_gib} GiB of weights per GPU are streamed from "
                         "host RAM on every forward pass: expect a large slowdown")
     devices = request.count
-    host = 4 * GiB + 2 * GiB * devices + offload * devices  # pinned host copies, one per GPU
+    tier_total = offload_tier * dp  # one region per engine core
+    # pinned host copies of the offloaded weights, one per GPU; the KV tier's /dev/shm pages
+    # are charged to the pod as well
+    host = 4 * GiB + 2 * GiB * devices + offload * devices + tier_total
     resources = Resources(
         cpu_request=float(2 + 2 * devices),
         memory_request_bytes=host,
         memory_limit_bytes=host + 4 * GiB,
         devices=devices,
         resource_name=profile.resource_name,
-        shared_memory_bytes=2 * GiB if devices > 1 else 0,
+        shared_memory_bytes=(2 * GiB if devices > 1 else 0) + tier_total,
         memory_note=(
             "safetensors are read through page cache (reclaimable) and copied to the devices: "
             "host RAM = API server + one worker per GPU"
             + (" + the offloaded weights of every GPU (pinned)" if offload else "")
+            + (f" + the host KV tier ({request.kv_offload_gib} GiB per engine core, in "
+               "/dev/shm)" if tier_total else "")
         ),
     )
+    if tier_total:
+        asked = request.concurrency * context
+        held = dp * ((int(kv_tokens) // dp) // context)
+        warnings.append(
+            f"host KV tier: {request.kv_offload_gib} GiB x {dp} engine core"
+            f"{'s' if dp > 1 else ''} hold {int(host_tokens) * dp} tokens in host memory: "
+            "prefixes the device evicted and the KV of preempted requests (restored by a "
+            "copy, not a recomputed prefill); it adds no decoding room"
+            + (f": the device holds {held} of the {request.concurrency} requests at full "
+               "context at once, the rest wait preempted" if int(kv_tokens) < asked else ""))
     per_node: tuple[NodeShare, ...] = ()
     if pp > 1:
         per_node = tuple(
@@ -926,6 +999,13 @@ def _plan_vllm(request: PlanRequest, profile: AcceleratorProfile, layout: str = 
         )
     result = _finish(request, profile, breakdown, kv_per_token, weights, resources,
                      warnings, vllm=settings)
+    bound = int(profile.memory_bytes * devices * KV_OFFLOAD_HOST_SHARE)
+    if tier_total > bound:
+        return replace(result, per_node=per_node, feasible=False, reason=(
+            f"the host KV tier ({request.kv_offload_gib} GiB x {dp} engine cores = "
+            f"{gib(tier_total)} GiB) exceeds the planner's bound of host memory for it, the "
+            f"memory of the pod's {devices} x {profile.name} ({gib(bound)} GiB): the catalog "
+            "has no host-memory fact of a node"))
     if offload >= gpu_weights:
         return replace(result, per_node=per_node, feasible=False, reason=(
             f"cpuOffload.hostWeightsGiB {request.cpu_offload_gib} is not below the "
@@ -1048,6 +1128,8 @@ def _alternatives(
 
     if request.engine == "llamacpp":
         _kv_alternative(request, profile, attempt)
+    if request.engine == "vllm":
+        _kv_tier_alternative(request, profile, attempt)
 
     for slots in range(request.concurrency - 1, 0, -1):
         if attempt(f"{slots} concurrent request{'s' if slots > 1 else ''}", concurrency=slots):
@@ -1122,6 +1204,42 @@ def _layout_alternatives(request: PlanRequest, profile: AcceleratorProfile,
         if not attempt(f"layout {layout}", layout=layout) and profile.fp8:
             attempt(f"layout {layout} with KV cache {fp8_kv_dtype(profile)}", layout=layout,
                     kv_cache_type=fp8_kv_dtype(profile))
+
+
+def _kv_tier_alternative(request: PlanRequest, profile: AcceleratorProfile,
+                         attempt: Any) -> None:
+    """The devices hold at least one request at the asked context but not all of them: the
+    smallest host KV tier (whole GiB per engine core) that holds the rest's KV while they wait
+    preempted. It changes how many decode at once, not what fits: the plan's reason says so."""
+    if profile.vendor != "nvidia" or request.nodes > 1:
+        return
+    current = _plan_one(request, profile)
+    settings = current.vllm
+    if settings is None or current.feasible:
+        return
+    context = mem.round_up(request.context_length, VLLM_BLOCK_SIZE)
+    ranks = settings.data_parallel_size
+    on_device = settings.kv_cache_tokens // ranks  # per engine core
+    asked = context * settings.max_num_seqs
+    if on_device < context or on_device >= asked:
+        return  # not one request fits, or the shortfall is not the KV's
+    short = asked - on_device
+    first = max(1, -(-short * _tier_bytes_per_token(request, profile, settings.layout) // GiB))
+    held = ranks * (on_device // context)
+    for size in range(first, first + 3):
+        if attempt(f"host KV tier of {size} GiB ({held} of {request.concurrency} requests "
+                   "decode at full context at once, the others wait preempted)",
+                   kv_offload_gib=size):
+            return
+
+
+def _tier_bytes_per_token(request: PlanRequest, profile: AcceleratorProfile,
+                          layout: str) -> int:
+    """Host bytes one token takes in the KV tier of an engine core (see _plan_vllm)."""
+    probe = _plan_vllm(replace(request, kv_offload_gib=1), profile, layout)
+    assert probe.vllm is not None
+    per_core = probe.vllm.kv_offload_tokens // probe.vllm.data_parallel_size
+    return -(-GiB // per_core) if per_core else GiB
 
 
 def _vllm_offload_alternative(

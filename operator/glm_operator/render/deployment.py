@@ -46,10 +46,11 @@ def plan_hash(plan: Plan) -> str:
             del llamacpp["rpc_workers"]
         if vllm is not None:
             del vllm["pipeline_parallel_size"]
-    # Likewise CPU offload, which only spec.cpuOffload turns on, and MTP, which a model
-    # without nextn layers never gets.
+    # Likewise CPU offload, which only spec.cpuOffload turns on, the host KV tier, which only
+    # spec.engine.vllm.kvOffloadGiB does, and MTP, which a model without nextn layers never gets.
     if vllm is not None:
-        for off_by_default in ("cpu_offload_gb", "speculative_tokens"):
+        for off_by_default in ("cpu_offload_gb", "speculative_tokens", "kv_offloading_size",
+                               "kv_offload_tokens"):
             if not vllm[off_by_default]:
                 del vllm[off_by_default]
         # And the layout (issue 38): a plain tensor-parallel plan hashes as before it.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from glm_operator.planning.planner import Plan
+from glm_operator.planning.planner import KV_OFFLOAD_BACKEND, Plan
 from glm_operator.render.ascend import vllm_quantization
 from glm_operator.render.model_family import VllmParsers, vllm_parsers
 
@@ -164,6 +164,9 @@ def vllm_argv(
     ]  # fmt: skip
     if settings.cpu_offload_gb:  # only when spec.cpuOffload asks: vLLM's default is 0
         argv += ["--cpu-offload-gb", str(settings.cpu_offload_gb)]
+    if settings.kv_offloading_size:  # spec.engine.vllm.kvOffloadGiB: the host KV tier
+        argv += ["--kv-offloading-size", str(settings.kv_offloading_size),
+                 "--kv-offloading-backend", KV_OFFLOAD_BACKEND]
     quantization = vllm_quantization(plan)
     if quantization is not None:
         argv += ["--quantization", quantization]
