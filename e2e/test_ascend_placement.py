@@ -91,7 +91,7 @@ Q8_0 = glm5_version("glm-5-q8-0", "gguf", "Q8_0", "hf://unsloth/GLM-5-GGUF/GLM-5
 def glm_service(name: str, version: str, engine: str, nodes: int) -> dict[str, Any]:
     return {"apiVersion": "serving.glm-operator.dev/v1alpha2", "kind": "GLMService",
             "metadata": {"name": name},
-            "spec": {"modelVersion": version, "engine": engine,
+            "spec": {"modelVersion": version, "engine": {engine: {}},
                      "accelerator": {"profile": "ascend-910b", "count": 8, "nodes": nodes},
                      "contextLength": 32768, "concurrency": 2, "replicas": 1,
                      "gateway": {"access": "Open"}}}
