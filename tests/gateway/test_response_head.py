@@ -6,11 +6,12 @@ to three readers: ours (response_head, then the framing it chose), httptools' ll
 this process, and Node's llhttp (tests/gateway/llhttp_head_verdict.js, one Node process a
 batch), and ours must agree with each llhttp's verdict (accept with which body, or
 refuse), but for the cases listed in `STRICTER`, where ours refuses what llhttp takes, and
-`LENIENT`, the one case where ours takes what llhttp refuses (a Content-Length repeated with one value, which
-RFC 9110 section 8.6 allows; harmless here, since the gateway frames the client's body
-itself and the engine's Content-Length never reaches the client). Every Content-Length
-drawn announces the body's 15 bytes, so that no reader sees bytes after a body (a second
-response, to llhttp) and a length and a chunked framing still differ in the body handed out.
+`LENIENT`, the one case where ours takes what llhttp refuses (a Content-Length repeated
+with one value, which RFC 9110 section 8.6 allows; harmless here, since the gateway frames
+the client's body itself and the engine's Content-Length never reaches the client). Every
+Content-Length drawn announces the body's 15 bytes, so that no reader sees bytes after a
+body (a second response, to llhttp) and a length and a chunked framing still differ in the
+body handed out.
 
 Node is required where CI=true, as in test_chunk_grammar.py; elsewhere its absence skips
 the Node half with a reason.
@@ -134,6 +135,11 @@ STRICTER: dict[str, Callable[[bytes], bool]] = {
     # and any other coding as a body to the connection's end.
     "a Transfer-Encoding other than chunked once": lambda head: (
         bool(_codings(head)) and _codings(head) != [b"chunked"]),
+    # RFC 9110 5.6.3: OWS may be a tab; llhttp reads `chunked<TAB>` as some other coding
+    # (a body to the connection's end), ours refuses it rather than take it as chunked.
+    "a Transfer-Encoding ending with a tab": lambda head: any(
+        re.search(rb"\t[ \t]*$", line) for line in head.split(b"\r\n")[1:]
+        if line.lower().startswith(b"transfer-encoding:")),
     # llhttp takes `HTTP/2.0`, any three digits, and control bytes in the reason phrase.
     "a status line RFC 9112 does not allow": lambda head: (
         _STRICT_STATUS.fullmatch(head.split(b"\r\n", 1)[0]) is None),
@@ -166,9 +172,10 @@ lengths = st.sampled_from([
     b"+15", b"1_5", b"0x0f", b"15a", b"", b"1 5", b"-15", b"\xef\xbc\x91\xef\xbc\x95",
     b"15, 15", b"15,15", b"15 , 015", b"15, 16", b"15,", b",15", b"99999999999999999999999"])
 codings = st.sampled_from([
-    b"chunked", b"Chunked", b"CHUNKED", b" chunked ", b"chunked\t",
-    b"gzip, chunked", b"chunked, chunked", b"chunked,chunked", b"chunked, gzip", b"identity",
-    b"xchunked", b"chunkedx", b"", b"chunked,", b",chunked", b"chunked;q=1", b"\"chunked\""])
+    b"chunked", b"Chunked", b"CHUNKED", b" chunked ", b"chunked\t", b"\tchunked",
+    b"chunked \t", b"gzip, chunked", b"chunked, chunked", b"chunked,chunked", b"chunked, gzip",
+    b"identity", b"xchunked", b"chunkedx", b"", b"chunked,", b",chunked", b"chunked;q=1",
+    b"\"chunked\""])
 fields = st.one_of(
     st.tuples(names, st.sampled_from([b": v", b":v", b":", b": a b", b": \x80", b": v\t",
                                       b": text/event-stream"])).map(b"".join),
@@ -215,6 +222,7 @@ NAMED = [
     (H + b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" + BODY, REFUSED),
     (H + b"Transfer-Encoding: chunked, gzip\r\n\r\n" + BODY, REFUSED),
     (H + b"Transfer-Encoding: identity\r\n\r\n" + BODY, REFUSED),
+    (H + b"Transfer-Encoding: chunked\t\r\n\r\n" + BODY, REFUSED),  # llhttp: not chunked
     (b"HTTP/2.0 200 OK\r\nContent-Length: 15\r\n\r\n" + BODY, REFUSED),
     # More lenient than llhttp, as RFC 9110 8.6 allows.
     (H + b"Content-Length: 15\r\nContent-Length: 15\r\n\r\n" + BODY, Verdict("accept", BODY)),

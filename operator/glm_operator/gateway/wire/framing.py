@@ -91,7 +91,8 @@ def response_head(head: bytes) -> ResponseHead:
 
     - each line a field line (no whitespace before the colon, no obs-fold: RFC 9112 sections
       5.1 and 5.2 let a recipient refuse both, and llhttp does; no bare CR or LF);
-    - Transfer-Encoding exactly `chunked` (any case, OWS around it): another coding before
+    - Transfer-Encoding exactly `chunked` (any case, OWS around it, but no tab after it,
+      where llhttp reads a body to the connection's end instead): another coding before
       it could not be undone for the client, whose head the gateway writes itself; chunked
       twice or not last (RFC 9112 section 6.1) leaves no framing this relay follows;
     - Content-Length 1*DIGIT, at most 2**64 - 1; repeated (as lines or a list) only with one
@@ -118,6 +119,9 @@ def response_head(head: bytes) -> ResponseHead:
         value = raw.strip(b" \t")
         key = name.decode("latin-1").lower()
         if key == "transfer-encoding":
+            if b"\t" in raw[len(raw.rstrip(b" \t")):]:
+                # OWS to the RFC, but llhttp then takes no chunked framing: refused.
+                raise EngineProtocolError(f"Transfer-Encoding {raw[:40]!r} ends with a tab")
             codings.extend(c.strip(b" \t").lower() for c in value.split(b","))
         elif key == "content-length":
             if _LENGTH_LIST.fullmatch(value) is None:
