@@ -8,7 +8,7 @@ N real llama-servers (CPU, one thread each, a random-weight model whose prefill 
 1,500-character system prompt takes about 0.4 s while a cached one answers in about 30 ms),
 each behind its real gateway at its kwok pod's own IP; the real endpoint picker (EPP v1.5.0)
 reading those pods from the local API server and scraping the gateways; the real router
-(`glm-operator gateway --router`) with a ServiceAccount token, its route table from a
+(`glm-operator router`) with a ServiceAccount token, its route table from a
 ConfigMap.
 
 Workload (the inference-perf "shared prefix" shape): groups of users sharing a system prompt,

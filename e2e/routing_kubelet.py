@@ -14,7 +14,7 @@ namespace's pods and, for each bound one, starts what its containers would run:
   kubeconfig (KUBECONFIG) carrying a token of the pod's own ServiceAccount (so the rendered
   Role is what allows its pod watch), POD_NAME and NAMESPACE as the Downward API would set
   them;
-- a router pod (component `router`): `glm-operator gateway --router` with the pod's rendered
+- a router pod (component `router`): `glm-operator router` with the pod's rendered
   args, only --port (RouterProcess binds a free port on 127.0.0.1), the API access (a token
   of the pod's own ServiceAccount: the rendered Role decides every watch and wake) and
   --picker-address (the picker process of the same service) replaced.
@@ -342,10 +342,10 @@ class RoutingKubelet:
     def _start_router(self, pod: dict[str, Any], service: str) -> None:
         name = pod["metadata"]["name"]
         rendered = list(_container(pod, "router")["args"])
-        assert rendered[:2] == ["gateway", "--router"], rendered
+        assert rendered[:1] == ["router"], rendered
         picker = self.picker_of(service)
         assert picker is not None
-        args = _without(rendered[2:], "--port")
+        args = _without(rendered[1:], "--port")
         args = _replaced(args, "--picker-address", picker.address)
         process = RouterProcess.launch(args, self._access(pod), self.work / "pods" / name)
         with self._lock:

@@ -1,5 +1,5 @@
 """The pieces of a routed service on this machine, shared by e2e/test_routing.py and
-bench/routing.py: the router as its own process (`glm-operator gateway --router`) with a
+bench/routing.py: the router as its own process (`glm-operator router`) with a
 ServiceAccount token against the local API server, and an engine pod served at its own
 loopback IP (a real llama-server behind a real gateway, e2e/pod_serving.py).
 
@@ -70,7 +70,7 @@ def router_rbac(namespace: str, account: str) -> list[dict[str, Any]]:
 
 
 class RouterProcess(GatewayProcess):
-    """`glm-operator gateway --router` as its own process: the gateway's process handling
+    """`glm-operator router` as its own process: the gateway's process handling
     (its log, /metrics, the SIGTERM stop), started with the router's flags."""
 
     @classmethod
@@ -80,7 +80,7 @@ class RouterProcess(GatewayProcess):
         """`args`: the router's flags (the rendered ones, or a bench's); the listen address
         and the API access are this machine's. Returns once /readyz answers 200."""
         port = port or free_port()
-        argv = [sys.executable, "-m", "glm_operator.cli", "gateway", "--router", *args,
+        argv = [sys.executable, "-m", "glm_operator.cli", "router", *args,
                 "--host", host, "--port", str(port), *access.args()]
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"router-{host}-{port}.log"

@@ -39,8 +39,8 @@ from typing import Any
 import httpx
 import pytest
 from glm_operator.gateway.metrics import REQUESTS_QUEUED, REQUESTS_TOTAL
-from glm_operator.gateway.router.metrics import PICKS_TOTAL, WAKES_TOTAL
 from glm_operator.render.long_context import activity_lease_name
+from glm_operator.router.metrics import PICKS_TOTAL, WAKES_TOTAL
 
 from e2e.epp import epp_binary
 from e2e.hpa_chain import QueueLoad

@@ -26,8 +26,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("glm_operator.generate", "regenerate the CRD YAML and API reference from the types"),
     "fetch": ("glm_operator.fetch.cli", "download and verify a model artifact (the fetch Job)"),
     "gateway": ("glm_operator.gateway.cli", "run the OpenAI-compatible gateway sidecar"),
+    "router": ("glm_operator.router.cli",
+               "run the LLM-aware router in front of a service's pools"),
     "wait-tcp": ("glm_operator.wait_tcp", "wait until HOST:PORT addresses accept connections"),
 }
+
+# (subcommand, flag) -> the subcommand it names: `gateway --router` is the router's first name,
+# still in the arguments of router pods that older operators rendered.
+ALIASES: dict[tuple[str, str], str] = {("gateway", "--router"): "router"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,18 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"glm-operator {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in args_list if a in SUBCOMMANDS), None)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (_, help_text) in SUBCOMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            module = importlib.import_module(module_name)
-            # A subcommand whose flags depend on one of them (`gateway --router`) sees them.
-            add_for = getattr(module, "add_arguments_for", None)
-            if add_for is not None:
-                add_for(command_parser, args_list)
-            else:
-                module.add_arguments(command_parser)
-            if command_parser.get_default("_run") is None:  # add_for may choose its own
-                command_parser.set_defaults(_run=module.run)
+            target = next((to for (alias, flag), to in ALIASES.items()
+                           if alias == name and flag in args_list), name)
+            module = importlib.import_module(SUBCOMMANDS[target][0])
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_run=module.run)
     args = parser.parse_args(args_list)
     result: int = args._run(args)
     return result

@@ -214,7 +214,7 @@ class OperatorConfig(BaseModel):
     termination: TerminationTuning = Field(default_factory=TerminationTuning)
     gateway_resources: ContainerResources = Field(default_factory=ContainerResources)
     # spec.routing.mode EndpointPicker: the router runs the operator's own image
-    # (`glm-operator gateway --router`), the endpoint picker this one.
+    # (`glm-operator router`), the endpoint picker this one.
     # Empty: `<imageRegistry>/endpoint-picker:<imageTag>` (_derived_images).
     epp_image: str = Field(default="", min_length=1)
     router_resources: ContainerResources = Field(default_factory=_router_resources)

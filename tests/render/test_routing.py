@@ -11,8 +11,6 @@ import pytest
 import yaml
 from glm_operator.gateway.config import add_arguments
 from glm_operator.gateway.flags import ROUTER_FLAGS
-from glm_operator.gateway.router import config as router_config
-from glm_operator.gateway.router import table as router_table
 from glm_operator.render.names import label_value
 from glm_operator.render.output import to_yaml
 from glm_operator.render.routing import (
@@ -22,6 +20,8 @@ from glm_operator.render.routing import (
     routes_document,
 )
 from glm_operator.render.service import Capabilities, render_service
+from glm_operator.router import config as router_config
+from glm_operator.router import table as router_table
 
 from render.cases import inputs, model_version, service
 from render.golden import check_golden
@@ -117,13 +117,14 @@ def test_the_router_runs_the_operator_image_with_the_contracts_flags() -> None:
     gateway = container(find(objects, "Deployment", "chat-glm4-9b-q4"), "gateway")
     assert router["image"] == gateway["image"]
     args = router["args"]
-    assert args[:2] == ["gateway", "--router"]
+    # `glm-operator router`; `gateway --router`, its old name, is no longer rendered.
+    assert args[0] == "router" and "--router" not in args
     assert option(args, "--routes-configmap") == "chat-routes"
     assert option(args, "--picker-address") == "chat-epp.models.svc.cluster.local:9002"
     assert option(args, "--picker-failure-mode") == "closed"  # FailClose
     assert option(args, "--max-waiting") == "64"
     assert option(args, "--pod-port") == "8080"
-    # What the router's own parser makes of them (gateway/router/config.py).
+    # What the router's own parser makes of them (router/config.py).
     parser = argparse.ArgumentParser()
     add_arguments(parser, ROUTER_FLAGS)
     parsed = router_config.from_args(parser.parse_args(args[1:]))

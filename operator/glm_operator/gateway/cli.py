@@ -18,7 +18,7 @@ _C = TypeVar("_C")
 
 
 class Served(Protocol):
-    """What `serve` runs: the pod's gateway, or the router."""
+    """What `serve` runs: the pod's gateway, or the router (router/cli.py)."""
 
     draining: bool
 
@@ -33,10 +33,10 @@ EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     gateway_config.add_arguments(parser)
-    _add_process_arguments(parser)
+    add_process_arguments(parser)
 
 
-def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
+def add_process_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="Python logging level")
     parser.add_argument(
         "--event-loop", choices=EVENT_LOOPS,
@@ -57,8 +57,8 @@ def new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def _prepared(args: argparse.Namespace, from_args: Callable[[argparse.Namespace], _C]
-              ) -> tuple[_C, asyncio.AbstractEventLoop] | None:
+def prepared(args: argparse.Namespace, from_args: Callable[[argparse.Namespace], _C]
+             ) -> tuple[_C, asyncio.AbstractEventLoop] | None:
     """Logging set up, the configuration parsed and the event loop made; None (logged) when
     either is refused."""
     logging.basicConfig(level=args.log_level.upper(),
@@ -76,10 +76,10 @@ def _prepared(args: argparse.Namespace, from_args: Callable[[argparse.Namespace]
 
 
 def run(args: argparse.Namespace) -> int:
-    prepared = _prepared(args, gateway_config.from_args)
-    if prepared is None:
+    ready = prepared(args, gateway_config.from_args)
+    if ready is None:
         return 2
-    config, loop = prepared
+    config, loop = ready
     gateway = Gateway(config)
     logging.getLogger(__name__).info(
         "gateway for %s (version %s, pool %s) on %s:%d -> %s%s (event loop %s)",
@@ -117,36 +117,3 @@ async def serve(gateway: Served, host: str, port: int, drain_seconds: float) -> 
         await server.stop(drain_seconds)
     finally:
         await gateway.stop()
-
-
-def add_arguments_for(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """`gateway --router` takes the router's flags (flags.py ROUTER_FLAGS), else the
-    gateway's own."""
-    if "--router" in argv:
-        from glm_operator.gateway.flags import ROUTER_FLAGS
-
-        gateway_config.add_arguments(parser, ROUTER_FLAGS)
-        _add_process_arguments(parser)
-        parser.set_defaults(_run=run_router)
-    else:
-        add_arguments(parser)
-
-
-def run_router(args: argparse.Namespace) -> int:
-    from glm_operator.gateway.router import config as router_config
-    from glm_operator.gateway.router.app import RouterApp
-
-    prepared = _prepared(args, router_config.from_args)
-    if prepared is None:
-        return 2
-    config, loop = prepared
-    app = RouterApp(config)
-    logging.getLogger(__name__).info(
-        "router for %s/%s on %s:%d, picker %s (fails %s)", config.namespace,
-        config.service_name, config.host, config.port, config.picker_address or "none",
-        config.picker_failure_mode)
-    try:
-        loop.run_until_complete(serve(app, config.host, config.port, config.drain_seconds))
-    finally:
-        loop.close()
-    return 0

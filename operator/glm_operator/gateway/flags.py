@@ -182,7 +182,7 @@ BY_DEST: dict[str, Flag] = {flag.dest: flag for flag in FLAGS}
 PickerFailureMode = Literal["open", "closed"]
 PICKER_FAILURE_MODES: tuple[PickerFailureMode, ...] = ("open", "closed")
 
-# `glm-operator gateway --router`: the router in front of a service's pools (router/). It
+# `glm-operator router`: the router in front of a service's pools (glm_operator/router/). It
 # shares the gateway's listener, its client limits, its API-server flags and its keys (the
 # same Secret, checked before a request may wake a pool); rate limits and audit stay in the
 # pods' gateways, so none of those flags is here.
@@ -191,8 +191,10 @@ ROUTER_SHARED = ("host", "port", "service_name", "namespace", "kube_api_server",
                  "max_connections", "max_buffered_bytes", "write_stall_timeout",
                  "connect_timeout", "read_timeout", "drain_seconds")
 ROUTER_FLAGS: tuple[Flag, ...] = (
-    Flag("--router", "run as the service's router, not as a pod's gateway", bool, False,
-         "switch"),
+    # `glm-operator gateway --router`, the router's first name (glm_operator/cli.py ALIASES),
+    # in router pods rendered by older operators; the renderer no longer writes it.
+    Flag("--router", "ignored: `glm-operator gateway --router` is this command's old name",
+         bool, False, "switch"),
     *(BY_DEST[dest] for dest in ROUTER_SHARED),
     Flag("--routes-configmap",
          "the ConfigMap holding routes.json (versions, weights, pools), watched through the "

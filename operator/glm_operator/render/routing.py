@@ -4,7 +4,7 @@ the route table it reads (pure); the endpoint picker (EPP) it asks is render/end
     <svc>-epp     the endpoint picker's six objects (render/endpoint_picker.py).
     <svc>-router  Deployment (routerReplicas), ServiceAccount, Role, RoleBinding,
                   PodDisruptionBudget:
-                  `glm-operator gateway --router`, which the client-facing Service `<svc>`
+                  `glm-operator router`, which the client-facing Service `<svc>`
                   selects instead of the engine pods; it splits traffic between versions by
                   the rollout's weights, asks the picker which pod of the chosen version
                   serves each request, and wakes a version scaled to zero. A keyed service's
@@ -123,7 +123,7 @@ class LongContextRoute:
 
 def routes_document(routes: Sequence[RouteEntry], main_context_tokens: int,
                     long_context: LongContextRoute | None) -> dict[str, Any]:
-    """routes.json as the router reads it (gateway/router/table.py): the contract's fields,
+    """routes.json as the router reads it (router/table.py): the contract's fields,
     and for the long-context pool also its Deployment per version and how it wakes."""
     if not routes or sum(r.weight for r in routes) != 100 or any(
             not 0 <= r.weight <= 100 for r in routes):
@@ -175,7 +175,6 @@ def router_flag_values(service: GLMService, config: OperatorConfig,
     namespace = service.metadata.namespace or ""
     routing = service.spec.routing
     return {
-        "router": True,
         "port": config.gateway_port,
         "service_name": name,
         "namespace": namespace,
@@ -222,8 +221,10 @@ def router_rules(routes: Sequence[RouteEntry], routes_configmap: str,
 
 def router_args(service: GLMService, config: OperatorConfig,
                 settings: RouterSettings) -> list[str]:
-    return ["gateway", *gateway_flags.write_router(router_flag_values(service, config,
-                                                                      settings))]
+    """`glm-operator router` and its flags (routers rendered before it run the same program
+    as `glm-operator gateway --router`, which the command still takes)."""
+    return ["router", *gateway_flags.write_router(router_flag_values(service, config,
+                                                                     settings))]
 
 
 def _http_probe(path: str, period: int, failures: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from glm_operator.gateway.router.grpc_wire import Call, CallFailed, Channel
+from glm_operator.router.grpc_wire import Call, CallFailed, Channel
 
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"

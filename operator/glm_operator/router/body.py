@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glm_operator.gateway.openai import strict_json
-from glm_operator.gateway.router.prefix import BLOCK_CHARS, MAX_BLOCKS, prompt_text
+from glm_operator.router.prefix import BLOCK_CHARS, MAX_BLOCKS, prompt_text
 
 PREFIX_CHARS = MAX_BLOCKS * BLOCK_CHARS  # of the prompt's text: all the prefix index reads
 

@@ -1,4 +1,4 @@
-"""The router (gateway/router/) in one process: its real HTTP server, real pod gateways'
+"""The router (router/) in one process: its real HTTP server, real pod gateways'
 stand-ins (our own HTTP server answering as a pod's gateway does), and a stand-in endpoint
 picker speaking the real ext-proc protocol over gRPC. The real EPP, real gateways and real
 llama-servers are e2e/test_routing.py's; here the router's own decisions are pinned down:
@@ -21,11 +21,13 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from glm_operator.gateway.router.app import RouterApp
-from glm_operator.gateway.router.body import prompt_chars
-from glm_operator.gateway.router.config import RouterConfig
-from glm_operator.gateway.router.forward import cache_report
-from glm_operator.gateway.router.picker import (
+from glm_operator.gateway.wire.messages import Request, Response, Router, Streamed
+from glm_operator.gateway.wire.server import HttpServer
+from glm_operator.router.app import RouterApp
+from glm_operator.router.body import prompt_chars
+from glm_operator.router.config import RouterConfig
+from glm_operator.router.forward import cache_report
+from glm_operator.router.picker import (
     BODY_PIECE_BYTES,
     DESTINATION_HEADER,
     SUBSET_KEY,
@@ -34,10 +36,8 @@ from glm_operator.gateway.router.picker import (
     request_bytes,
     request_messages,
 )
-from glm_operator.gateway.router.pods import ready_by_version
-from glm_operator.gateway.router.table import TableError, WeightedSplit, parse
-from glm_operator.gateway.wire.messages import Request, Response, Router, Streamed
-from glm_operator.gateway.wire.server import HttpServer
+from glm_operator.router.pods import ready_by_version
+from glm_operator.router.table import TableError, WeightedSplit, parse
 from glm_operator.wellknown import POOL_LABEL, VERSION_LABEL
 
 # --- the route table ---------------------------------------------------------------------------
@@ -532,36 +532,31 @@ async def test_a_sleeping_pool_that_cannot_be_woken_says_why(scene: Scene) -> No
     assert ("long-context", "v1") in app._wakers
 
 
-def test_gateway_router_runs_the_router_and_gateway_alone_the_gateway() -> None:
-    """`glm-operator gateway --router` parses the router's flags and runs the router; the
-    same subcommand without it is the pod's gateway."""
-    import argparse
-
-    from glm_operator.gateway import cli as gateway_cli
-
-    router = argparse.ArgumentParser()
-    gateway_cli.add_arguments_for(router, ["--router"])
-    args = router.parse_args(["--router", "--service-name", "s", "--routes-configmap", "r"])
-    assert args._run is gateway_cli.run_router and args.picker_failure_mode == "open"
-    gateway = argparse.ArgumentParser()
-    gateway_cli.add_arguments_for(gateway, [])
-    assert gateway.parse_args(["--service-name", "s"]).engine_url.startswith("http://")
-
-
-def test_the_top_level_command_keeps_the_router_as_the_runner() -> None:
+def test_the_router_subcommand_and_its_old_name_run_the_router() -> None:
+    """`glm-operator router` parses the router's flags and runs the router; so does its old
+    name `glm-operator gateway --router`, which router pods rendered by older operators still
+    run; `gateway` without it is the pod's gateway."""
     from unittest import mock
 
     from glm_operator import cli
     from glm_operator.gateway import cli as gateway_cli
+    from glm_operator.router import cli as router_cli
 
-    with mock.patch.object(gateway_cli, "run_router", return_value=7) as run:
-        assert cli.main(["gateway", "--router", "--service-name", "s",
-                         "--routes-configmap", "r"]) == 7
-    run.assert_called_once()
+    flags = ["--service-name", "s", "--routes-configmap", "r"]
+    for argv in (["router", *flags], ["gateway", "--router", *flags]):
+        with mock.patch.object(router_cli, "run", return_value=7) as run:
+            assert cli.main(argv) == 7, argv
+        (args,), _ = run.call_args
+        assert (args.service_name, args.routes_configmap, args.picker_failure_mode) \
+            == ("s", "r", "open"), argv
+    with mock.patch.object(gateway_cli, "run", return_value=5) as run_gateway:
+        assert cli.main(["gateway", "--service-name", "s"]) == 5
+    (args,), _ = run_gateway.call_args
+    assert args.engine_url.startswith("http://")
 
 
 def test_the_prefix_index_predicts_what_a_pod_was_sent() -> None:
-    from glm_operator.gateway.router.prefix import BLOCK_CHARS, PrefixIndex, prompt_text
+    from glm_operator.router.prefix import BLOCK_CHARS, PrefixIndex, prompt_text
 
     index = PrefixIndex(blocks_per_pod=100)
     system = "s" * (10 * BLOCK_CHARS)
@@ -594,12 +589,14 @@ async def test_the_router_counts_what_it_predicted_beside_what_the_engine_cached
 
 
 def test_the_pods_gateway_never_loads_grpc() -> None:
-    """grpc is the router's alone: the pod gateway's memory budget has no room for it."""
+    """grpc is the router's alone: the pod gateway's memory budget has no room for it, nor
+    for the router's own modules."""
     import subprocess
     import sys
 
     code = ("import sys, glm_operator.gateway.app, glm_operator.gateway.cli; "
-            "print(sorted(m for m in ('grpc', 'envoy', 'google.protobuf') if m in sys.modules))")
+            "print(sorted(m for m in ('grpc', 'envoy', 'google.protobuf', 'hpack', "
+            "'glm_operator.router') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"

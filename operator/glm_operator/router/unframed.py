@@ -18,7 +18,10 @@ from collections.abc import Callable
 import aiohttp
 
 from glm_operator.gateway.policy.audit import CLIENT_CLOSED
-from glm_operator.gateway.router.forward import (
+from glm_operator.gateway.upstream import SSE
+from glm_operator.gateway.wire.framing import head_bytes
+from glm_operator.gateway.wire.messages import Request, Response, Streamed, error_response
+from glm_operator.router.forward import (
     FORWARDED_HEADERS,
     PASSED_HEADERS,
     TAIL_BYTES,
@@ -28,9 +31,6 @@ from glm_operator.gateway.router.forward import (
     broken_stream_event,
     cache_report,
 )
-from glm_operator.gateway.upstream import SSE
-from glm_operator.gateway.wire.framing import head_bytes
-from glm_operator.gateway.wire.messages import Request, Response, Streamed, error_response
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,9 @@
 """One HTTP/2 connection (RFC 9113) in plain asyncio, as much of the protocol as the picker's
 calls need and no more: the asyncio protocol, its streams, flow control, SETTINGS, PING and
 GOAWAY. Frames are parsed in `data_received` with `struct`; the frames' numbers and bytes
-are in http2_frames.py, each stream's gRPC side in grpc_call.py.
+are in http2_frames.py. A stream's content is its Stream's (a gRPC call, in the layer
+above): the connection hands it the bytes and header blocks it receives, its end, or
+why it failed (StreamFailure, in HTTP/2's terms), and knows nothing of gRPC.
 
 Kept: h2c with prior knowledge (plaintext, as `grpc.insecure_channel`); SETTINGS both ways,
 with their acks, and the peer's frame size and initial window honoured; flow control both
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import cast
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast
 
-from glm_operator.gateway.router.grpc_call import Call, CallFailed, request_header_block
-from glm_operator.gateway.router.http2_frames import (
+from glm_operator.router.http2_frames import (
     ACK,
     CANCEL,
     CONTINUATION,
@@ -65,13 +67,47 @@ RECEIVE_WINDOW_BYTES = 4 * 1024 * 1024  # per stream and per connection, before 
 ACK_DELAY_SECONDS = 0.05
 
 
+# Why a stream ended without its END_STREAM: the peer refused it (RST_STREAM
+# REFUSED_STREAM) or reset it (any other code), told the connection to go away before it,
+# broke the protocol, or the connection was lost.
+FailureKind = Literal["refused", "reset", "going_away", "protocol_error", "lost"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailure:
+    kind: FailureKind
+    detail: str
+
+
+class Stream(Protocol):
+    """A stream's content, as the connection delivers it: a gRPC call, in the layer above."""
+
+    stream_id: int  # set by Connection.start
+    send_window: int  # the peer's window for this stream, kept by the connection
+    unacked: int  # bytes received since our last WINDOW_UPDATE for it
+
+    @property
+    def open(self) -> bool: ...
+
+    def received(self, data: bytes | memoryview) -> bool:
+        """DATA's payload; False where the stream must be reset (CANCEL)."""
+
+    def header_block(self, block: bytes) -> None:
+        """A whole header block (HEADERS and its CONTINUATIONs), undecoded."""
+
+    def ended(self) -> None:
+        """The peer ended the stream."""
+
+    def failed(self, failure: StreamFailure) -> None:
+        """The stream ended without the peer's end."""
+
+
 class Connection(asyncio.Protocol):
     """One HTTP/2 connection to the peer, for the calls of one Channel."""
 
-    def __init__(self, authority: str, max_message_bytes: int) -> None:
-        self._max_message = max_message_bytes
+    def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
-        self._calls: dict[int, Call] = {}
+        self._calls: dict[int, Stream] = {}
         self._waiting_window: list[asyncio.Future[None]] = []
         self._next_stream_id = 1
         self._buffer = bytearray()
@@ -87,10 +123,8 @@ class Connection(asyncio.Protocol):
         self.send_window = 65_535
         self._unacked = 0  # bytes received on the connection since our last WINDOW_UPDATE
         self.usable = False  # connected, no GOAWAY, stream ids left
-        self.lost: CallFailed | None = None
+        self.lost: StreamFailure | None = None
         self.received_at = 0.0  # the loop's time of the last bytes read
-        self._path_blocks: dict[bytes, bytes] = {}
-        self._authority = authority.encode()
 
     # --- asyncio.Protocol -------------------------------------------------------------------
 
@@ -110,7 +144,7 @@ class Connection(asyncio.Protocol):
         self.usable = True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._gone(CallFailed("UNAVAILABLE", f"the connection was lost ({exc or 'closed'})"))
+        self._gone(StreamFailure("lost", f"the connection was lost ({exc or 'closed'})"))
 
     def data_received(self, data: bytes) -> None:
         self.received_at = asyncio.get_running_loop().time()
@@ -167,8 +201,8 @@ class Connection(asyncio.Protocol):
             call = self._calls.pop(stream_id, None)
             if call is not None and len(payload) == 4:
                 code = U32.unpack(payload)[0]
-                call._fail(CallFailed("UNAVAILABLE" if code == REFUSED_STREAM else "CANCELLED",
-                                      f"the peer reset the stream (HTTP/2 error {code})"))
+                call.failed(StreamFailure("refused" if code == REFUSED_STREAM else "reset",
+                                          f"the peer reset the stream (HTTP/2 error {code})"))
                 self._window_opened()  # a sender waiting on its window stops
         elif kind == SETTINGS:
             if not flags & ACK:
@@ -180,8 +214,8 @@ class Connection(asyncio.Protocol):
             self.usable = False
             last = U32.unpack_from(payload)[0] & LAST_STREAM_ID if len(payload) >= 4 else 0
             for sid in [s for s in self._calls if s > last]:
-                self._calls.pop(sid)._fail(CallFailed(
-                    "UNAVAILABLE", "the picker is going away (GOAWAY)"))
+                self._calls.pop(sid).failed(StreamFailure(
+                    "going_away", "the picker is going away (GOAWAY)"))
         elif kind == WINDOW_UPDATE:
             if len(payload) != 4:
                 raise ProtocolViolation("a WINDOW_UPDATE not of 4 bytes", FRAME_SIZE_ERROR)
@@ -205,18 +239,18 @@ class Connection(asyncio.Protocol):
         if call is None:
             return  # a stream we reset or finished: its bytes still count above
         data = unpadded(flags, payload)
-        if data and not call._data(data, self._max_message):
+        if data and not call.received(data):
             self.finish(call)
             return
         if flags & END_STREAM:
             self._calls.pop(stream_id, None)
-            call._end()
+            call.ended()
             return
-        call._unacked += length
-        if call._unacked >= RECEIVE_WINDOW_BYTES // 2:
+        call.unacked += length
+        if call.unacked >= RECEIVE_WINDOW_BYTES // 2:
             self._out.append(frame_bytes(WINDOW_UPDATE, 0, stream_id,
-                                         U32.pack(call._unacked)))
-            call._unacked = 0
+                                         U32.pack(call.unacked)))
+            call.unacked = 0
 
     def _on_block(self, stream_id: int, fragment: bytes, end_headers: bool,
                   end_stream: bool, continued: bool = False) -> None:
@@ -232,10 +266,10 @@ class Connection(asyncio.Protocol):
         call = self._calls.get(stream_id)
         if call is None:
             return  # reset or done: with no header table, nothing of it need be read
-        call._blocks.append(bytes(self._block))
+        call.header_block(bytes(self._block))
         if end_stream:
             self._calls.pop(stream_id, None)
-            call._end()
+            call.ended()
 
     def _on_settings(self, payload: memoryview) -> None:
         if len(payload) % 6:
@@ -258,21 +292,18 @@ class Connection(asyncio.Protocol):
 
     # --- calls ------------------------------------------------------------------------------
 
-    def start(self, path: bytes) -> Call:
-        """A new stream, its request headers queued (written with the first data)."""
+    def start(self, call: Stream, header_block: bytes) -> None:
+        """`call` on a new stream, its request headers (an HPACK block) queued, written with
+        the first data."""
         stream_id = self._next_stream_id
         self._next_stream_id += 2
         if self._next_stream_id >= LAST_STREAM_ID:
             self.usable = False  # the next call opens a new connection
-        block = self._path_blocks.get(path)
-        if block is None:
-            block = self._path_blocks[path] = request_header_block(path, self._authority)
-        call = Call(self, stream_id, self._peer_initial_window)
+        call.stream_id, call.send_window = stream_id, self._peer_initial_window
         self._calls[stream_id] = call
-        self._out.append(frame_bytes(HEADERS, END_HEADERS, stream_id, block))
-        return call
+        self._out.append(frame_bytes(HEADERS, END_HEADERS, stream_id, header_block))
 
-    async def send(self, call: Call, data: bytes) -> None:
+    async def send(self, call: Stream, data: bytes) -> None:
         """Write `data` on the call's stream and end its request side, as the peer's
         flow-control windows and frame size allow (the headers go in the same write)."""
         view = memoryview(data)
@@ -298,7 +329,7 @@ class Connection(asyncio.Protocol):
             self._waiting_window.append(waiter)
             await waiter
 
-    def finish(self, call: Call) -> None:
+    def finish(self, call: Stream) -> None:
         if self._calls.pop(call.stream_id, None) is not None and self.lost is None:
             self._out.append(frame_bytes(RST_STREAM, 0, call.stream_id, U32.pack(CANCEL)))
             self._flush()
@@ -335,16 +366,17 @@ class Connection(asyncio.Protocol):
         detail, code = exc.args
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(frame_bytes(GOAWAY, 0, 0, U32.pack(0) + U32.pack(code)))
-        self._gone(CallFailed("INTERNAL", f"HTTP/2 protocol error from the peer: {detail}"))
+        self._gone(StreamFailure("protocol_error",
+                                 f"HTTP/2 protocol error from the peer: {detail}"))
         self.close()
 
-    def _gone(self, failure: CallFailed) -> None:
+    def _gone(self, failure: StreamFailure) -> None:
         self.usable = False
         if self.lost is None:
             self.lost = failure
         calls, self._calls = self._calls, {}
         for call in calls.values():
-            call._fail(failure)
+            call.failed(failure)
         self._window_opened()
         if self._ack_timer is not None:
             self._ack_timer.cancel()

@@ -31,21 +31,6 @@ from glm_operator.gateway.policy.outcomes import request_outcome
 from glm_operator.gateway.pools.activity import ActivityMarker, renew_logged
 from glm_operator.gateway.proxy import authenticate, client_request_id
 from glm_operator.gateway.proxy import error_response as error_response_for
-from glm_operator.gateway.router.config import RouterConfig
-from glm_operator.gateway.router.dispatch import Dispatcher, unavailable
-from glm_operator.gateway.router.forward import Forwarded, PodClients
-from glm_operator.gateway.router.metrics import RouterMetrics
-from glm_operator.gateway.router.picker import EndpointPicker
-from glm_operator.gateway.router.pods import PoolKey, ReadyPods
-from glm_operator.gateway.router.prefix import PrefixIndex
-from glm_operator.gateway.router.table import (
-    RouteTable,
-    TableError,
-    VersionRoute,
-    WeightedSplit,
-    parse,
-)
-from glm_operator.gateway.router.wake import MainPoolWaker
 from glm_operator.gateway.wire.messages import (
     SHUTTING_DOWN,
     Request,
@@ -60,6 +45,21 @@ from glm_operator.kube.activity import ActivityLease, LeaseRef
 from glm_operator.kube.list_watch import ListWatch, Objects
 from glm_operator.kube.pod_api import PodTokenApi
 from glm_operator.kube.scale import DeploymentRef, DeploymentScale
+from glm_operator.router.config import RouterConfig
+from glm_operator.router.dispatch import Dispatcher, unavailable
+from glm_operator.router.forward import Forwarded, PodClients
+from glm_operator.router.metrics import RouterMetrics
+from glm_operator.router.picker import EndpointPicker
+from glm_operator.router.pods import PoolKey, ReadyPods
+from glm_operator.router.prefix import PrefixIndex
+from glm_operator.router.table import (
+    RouteTable,
+    TableError,
+    VersionRoute,
+    WeightedSplit,
+    parse,
+)
+from glm_operator.router.wake import MainPoolWaker
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL, SERVICE_LABEL
 
 log = logging.getLogger(__name__)

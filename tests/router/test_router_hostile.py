@@ -12,10 +12,10 @@ import contextlib
 import json
 
 import pytest
+from gateway.test_http import read_response
+from gateway.test_http_hostile import LENIENT_IDS, LENIENT_SIZES, smuggling_body
 from glm_operator.gateway.wire.messages import Request, Response, Streamed
 
-from .test_http import read_response
-from .test_http_hostile import LENIENT_IDS, LENIENT_SIZES, smuggling_body
 from .test_router import PodGateway, Scene, counter, table_json
 
 LIMIT = 100_000

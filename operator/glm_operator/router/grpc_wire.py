@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from glm_operator.gateway.router.grpc_call import Call, CallFailed, grpc_message
-from glm_operator.gateway.router.http2_connection import Connection
-from glm_operator.gateway.router.http2_frames import (
+from glm_operator.router.grpc_call import Call, CallFailed, grpc_message, request_header_block
+from glm_operator.router.http2_connection import Connection
+from glm_operator.router.http2_frames import (
     ACK,
     CONTINUATION,
     DATA,
@@ -90,6 +90,8 @@ class Channel:
         self._failures = 0
         self._retry_at = 0.0
         self._last_error = ""
+        # A path's request headers: the same HPACK block on every call (no header table).
+        self._header_blocks: dict[bytes, bytes] = {}
 
     async def call(self, path: bytes, messages: Sequence[bytes]) -> Call:
         """Start a call and send `messages`, ending the request side after them (the peer
@@ -97,7 +99,12 @@ class Channel:
         connection = self._connection
         if connection is None or not connection.usable:
             connection = await self._connected()
-        call = connection.start(path)
+        block = self._header_blocks.get(path)
+        if block is None:
+            block = self._header_blocks[path] = request_header_block(path,
+                                                                     self.address.encode())
+        call = Call(connection, self._max)
+        connection.start(call, block)
         try:
             await connection.send(call, b"".join(grpc_message(m) for m in messages))
         except BaseException:
@@ -120,7 +127,7 @@ class Channel:
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
                 _, connection = await loop.create_connection(
-                    lambda: Connection(self.address, self._max), self._host, self._port)
+                    Connection, self._host, self._port)
         except (OSError, TimeoutError) as exc:
             self._failures += 1
             backoff = RECONNECT_BACKOFF_SECONDS[min(self._failures,
@@ -139,7 +146,7 @@ class Channel:
     def timed_out(self, call: Call) -> None:
         """A call got no answer in time: where the connection has read nothing since the
         call started, it is taken as dead (no keepalive here) and the next call reconnects."""
-        connection = call._connection
+        connection = call.connection
         if connection is self._connection and connection.received_at < call.started_at:
             self.drop()
 

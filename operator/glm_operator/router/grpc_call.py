@@ -1,6 +1,8 @@
-"""The gRPC side of a call (over http2_connection.py): its request's headers, its messages
-length-prefixed (uncompressed) both ways, a limit on a received message's size, and how it
-ended, from grpc-status (trailers or a trailers-only answer).
+"""The gRPC side of a call (over http2_connection.py, whose Stream it is): its request's
+headers, its messages length-prefixed (uncompressed) both ways, a limit on a received
+message's size, and how it ended, from grpc-status (trailers or a trailers-only answer), or
+from what the connection says of a stream that ended without it, named as gRPC names it
+(grpc's doc/http-grpc-status-mapping.md, and UNAVAILABLE for a lost connection).
 
 A call that gets its answer reads no headers at all; one that ends without it decodes its
 own blocks (the `hpack` package) for the grpc-status and grpc-message.
@@ -12,14 +14,11 @@ import asyncio
 import struct
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import hpack
 
-from glm_operator.gateway.router.http2_frames import MAX_HEADER_BLOCK_BYTES, hpack_literal
-
-if TYPE_CHECKING:
-    from glm_operator.gateway.router.http2_connection import Connection
+from glm_operator.router.http2_connection import Connection, FailureKind, StreamFailure
+from glm_operator.router.http2_frames import MAX_HEADER_BLOCK_BYTES, hpack_literal
 
 _PREFIX = struct.Struct(">BI")  # gRPC: compressed flag, message length
 
@@ -28,6 +27,12 @@ STATUS_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCE
                 "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+
+
+# A stream the connection saw end without its END_STREAM, as grpc's status.
+STATUS_OF_FAILURE: dict[FailureKind, str] = {
+    "refused": "UNAVAILABLE", "reset": "CANCELLED", "going_away": "UNAVAILABLE",
+    "protocol_error": "INTERNAL", "lost": "UNAVAILABLE"}
 
 
 class CallFailed(Exception):
@@ -88,10 +93,11 @@ def status_of(blocks: Sequence[bytes]) -> CallFailed | None:
 class Call:
     """One stream: its received messages as they are parsed, then how it ended."""
 
-    def __init__(self, connection: Connection, stream_id: int, send_window: int) -> None:
+    def __init__(self, connection: Connection, max_message_bytes: int) -> None:
         self._connection = connection
-        self.stream_id = stream_id
-        self.send_window = send_window
+        self._max_message = max_message_bytes
+        self.stream_id = 0  # and the window: set when the connection starts it
+        self.send_window = 0
         self.started_at = asyncio.get_running_loop().time()
         self._buffer = bytearray()
         self._messages: deque[bytes] = deque()
@@ -99,7 +105,7 @@ class Call:
         self._failure: CallFailed | None = None
         self._ended = False
         self._waiter: asyncio.Future[None] | None = None
-        self._unacked = 0  # bytes received on this stream since our last WINDOW_UPDATE
+        self.unacked = 0  # bytes received on this stream since our last WINDOW_UPDATE
 
     async def next_message(self) -> bytes | None:
         """The next message the peer sent; None when it ended the stream with OK."""
@@ -127,15 +133,19 @@ class Call:
     def open(self) -> bool:
         return not self._ended and self._failure is None
 
-    # --- from the connection ----------------------------------------------------------------
+    @property
+    def connection(self) -> Connection:
+        return self._connection
+
+    # --- from the connection (http2_connection.Stream) --------------------------------------
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _data(self, data: bytes | memoryview, max_message: int) -> bool:
+    def received(self, data: bytes | memoryview) -> bool:
         """False where the call must be reset (a message too large, or compressed)."""
-        buffer = self._buffer
+        buffer, max_message = self._buffer, self._max_message
         buffer += data
         while len(buffer) >= 5:
             compressed, length = _PREFIX.unpack_from(buffer)
@@ -151,9 +161,15 @@ class Call:
         self._wake()
         return True
 
-    def _end(self) -> None:
+    def header_block(self, block: bytes) -> None:
+        self._blocks.append(block)
+
+    def ended(self) -> None:
         self._ended = True
         self._wake()
+
+    def failed(self, failure: StreamFailure) -> None:
+        self._fail(CallFailed(STATUS_OF_FAILURE[failure.kind], failure.detail))
 
     def _fail(self, failure: CallFailed) -> None:
         if self._failure is None:

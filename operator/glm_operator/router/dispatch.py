@@ -34,9 +34,10 @@ from typing import Any
 import aiohttp
 
 from glm_operator.gateway.pools.activity import ActivityMarker
-from glm_operator.gateway.router.body import routed_fields
-from glm_operator.gateway.router.config import RouterConfig
-from glm_operator.gateway.router.forward import (
+from glm_operator.gateway.wire.messages import Request, Response, error_response
+from glm_operator.router.body import routed_fields
+from glm_operator.router.config import RouterConfig
+from glm_operator.router.forward import (
     CacheReport,
     Forwarded,
     PodClients,
@@ -44,14 +45,13 @@ from glm_operator.gateway.router.forward import (
     forward,
     identity_headers,
 )
-from glm_operator.gateway.router.metrics import RouterMetrics
-from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
-from glm_operator.gateway.router.pods import PodEndpoint, PoolKey, ReadyPods
-from glm_operator.gateway.router.prefix import PrefixIndex
-from glm_operator.gateway.router.table import RouteTable, VersionRoute, WeightedSplit
-from glm_operator.gateway.router.unframed import stream_unframed
-from glm_operator.gateway.router.wake import MainPoolWaker
-from glm_operator.gateway.wire.messages import Request, Response, error_response
+from glm_operator.router.metrics import RouterMetrics
+from glm_operator.router.picker import EndpointPicker, PickFailed
+from glm_operator.router.pods import PodEndpoint, PoolKey, ReadyPods
+from glm_operator.router.prefix import PrefixIndex
+from glm_operator.router.table import RouteTable, VersionRoute, WeightedSplit
+from glm_operator.router.unframed import stream_unframed
+from glm_operator.router.wake import MainPoolWaker
 from glm_operator.wellknown import LONG_CONTEXT_POOL, MAIN_POOL
 
 log = logging.getLogger(__name__)

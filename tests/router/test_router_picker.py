@@ -18,8 +18,8 @@ import hpack
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from glm_operator.gateway.router import grpc_wire
-from glm_operator.gateway.router.picker import EndpointPicker, PickFailed
+from glm_operator.router import grpc_wire
+from glm_operator.router.picker import EndpointPicker, PickFailed
 
 from .test_router import StandInPicker, headers_response
 
