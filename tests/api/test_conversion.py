@@ -169,3 +169,49 @@ def test_v1alpha1_to_v1alpha2_and_back_loses_nothing(written: dict[str, Any]) ->
     up = convert(old, V2)
     GLMService.model_validate(up)  # one v1alpha2 admits
     assert convert(up, V1) == old
+
+
+# --- the round trip over v1alpha2 objects read and written at v1alpha1 ---------------------
+
+vllm_v2 = st.fixed_dictionaries({}, optional={
+    "kvCacheType": st.sampled_from(["auto", "fp8"]),
+    "layout": st.sampled_from(["tp", "dcp"]),
+    "kvOffloadGiB": st.integers(1, 512),
+    "multiTokenPrediction": st.booleans(),
+})
+
+
+@st.composite
+def admitted_v2(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = {"modelVersion": "m", "accelerator": {"profile": "nvidia-h200",
+                                                               "count": 8},
+                            "gateway": {"access": "Open"}}
+    if draw(st.booleans()):
+        vllm = draw(vllm_v2)
+        if draw(st.booleans()):
+            vllm.update(layout="dep", rankTensorParallel=draw(st.sampled_from([1, 2])))
+        spec["engine"] = {"vllm": vllm}
+    if draw(st.booleans()):
+        pool: dict[str, Any] = {"contextLength": 262144}
+        sizing = draw(st.sampled_from(["none", "replicas", "autoscaling"]))
+        if sizing == "replicas":
+            pool["replicas"] = draw(st.integers(0, 3))
+        elif sizing == "autoscaling":
+            pool["autoscaling"] = {"minReplicas": 0, "maxReplicas": draw(st.integers(1, 4)),
+                                   "targets": {"queueLength": 2}}
+        spec["longContext"] = pool
+    return {"apiVersion": V2, "kind": "GLMService",
+            "metadata": {"name": "chat", "namespace": "ns"}, "spec": spec}
+
+
+@settings(max_examples=200, deadline=None)
+@given(admitted_v2())
+def test_v1alpha2_to_v1alpha1_and_back_loses_nothing(written: dict[str, Any]) -> None:
+    new = GLMService.model_validate(written).model_dump(
+        by_alias=True, exclude_none=True, mode="json", exclude={"status"})
+    down = convert(new, V1)
+    GLMServiceV1.model_validate(down)  # v1alpha1 admits what it is shown
+    # The API server defaults what it converts, by the version's schema: so does the model.
+    back = GLMService.model_validate(convert(down, V2)).model_dump(
+        by_alias=True, exclude_none=True, mode="json", exclude={"status"})
+    assert back == new

@@ -24,6 +24,11 @@ that v1alpha1 -> v1alpha2 -> v1alpha1 gives back the object read (the API server
 every read and write at v1alpha1, and a round trip must lose nothing). The operator honours a
 stashed rate-limit store for that service and says it is deprecated.
 
+The other way, what v1alpha1 has no field for (vLLM's layout, rankTensorParallel,
+kvOffloadGiB; a long-context pool's fixed replicas) is kept in V1ALPHA2_STASH_ANNOTATION while
+the object is read and written at v1alpha1, so v1alpha2 -> v1alpha1 -> v1alpha2 loses nothing
+either (tests/api/test_conversion.py holds both round trips over generated objects).
+
 Pure and total on objects the API server admitted: it never raises on them, since a failed
 conversion makes the object unreadable at that version. Input that is not an object of a
 served version raises ConversionError.
@@ -43,6 +48,12 @@ SERVED_VERSIONS = (V1ALPHA1, V1ALPHA2)
 STORAGE_VERSION = V1ALPHA2
 KINDS = ("GLMService", "ModelVersion")
 STASH_ANNOTATION = CONVERSION_STASH_ANNOTATION
+# What v1alpha1 cannot hold of a v1alpha2 object, kept while it is read and written at
+# v1alpha1 (kubectl edit, an old client) so that v1alpha2 -> v1alpha1 -> v1alpha2 loses nothing.
+V1ALPHA2_STASH_ANNOTATION = f"{GROUP}/v1alpha2-fields"
+# The vLLM settings v1alpha1 has a field for (under their v1alpha2 names).
+_VLLM_V1ALPHA1_KEYS = frozenset({"kvCacheType", "cpuOffloadGiB", "parsers",
+                                 "multiTokenPrediction"})
 
 Json = dict[str, Any]
 
@@ -92,6 +103,7 @@ def _version(value: object) -> str:
 def _up(obj: Json) -> Json:
     spec = obj.get("spec")
     if not isinstance(spec, dict):
+        _pop_stash(obj, V1ALPHA2_STASH_ANNOTATION)
         return obj
     stash: Json = {}
     _engine_up(spec, stash)
@@ -103,15 +115,44 @@ def _up(obj: Json) -> Json:
     rate_limit = gateway.get("rateLimit") if isinstance(gateway, dict) else None
     if isinstance(rate_limit, dict) and "store" in rate_limit:
         stash["rateLimitStore"] = rate_limit.pop("store")
-    if stash:
-        metadata = obj.setdefault("metadata", {})
-        annotations = metadata.get("annotations")
-        if not isinstance(annotations, dict):
-            annotations = metadata["annotations"] = {}
-            stash["annotationsAdded"] = True
-        annotations[STASH_ANNOTATION] = json.dumps(stash, sort_keys=True,
-                                                   separators=(",", ":"))
+    _restore_v1alpha2_fields(spec, _pop_stash(obj, V1ALPHA2_STASH_ANNOTATION))
+    _put_stash(obj, STASH_ANNOTATION, stash)
     return obj
+
+
+def _put_stash(obj: Json, key: str, stash: Json) -> None:
+    if not stash:
+        return
+    metadata = obj.setdefault("metadata", {})
+    annotations = metadata.get("annotations")
+    if not isinstance(annotations, dict):
+        annotations = metadata["annotations"] = {}
+        stash["annotationsAdded"] = True
+    annotations[key] = json.dumps(stash, sort_keys=True, separators=(",", ":"))
+
+
+def _restore_v1alpha2_fields(spec: Json, kept: Json) -> None:
+    """What a v1alpha2 object held that v1alpha1 cannot, back where it was, unless the
+    object was changed at v1alpha1 so that it no longer applies."""
+    engine = spec.get("engine")
+    vllm = engine.get("vllm") if isinstance(engine, dict) else None
+    if isinstance(vllm, dict):
+        for key, value in (kept.get("vllm") or {}).items():
+            vllm.setdefault(key, value)
+    pool = spec.get("longContext")
+    if not isinstance(pool, dict):
+        return
+    scaling = pool.get("autoscaling")
+    bounds = ((scaling.get("minReplicas"), scaling.get("maxReplicas"))
+              if isinstance(scaling, dict) else (0, 1))
+    replicas = kept.get("longContextReplicas")
+    if isinstance(replicas, int) and bounds == (replicas, max(1, replicas)):
+        pool.pop("autoscaling", None)
+        pool["replicas"] = replicas
+    elif kept.get("longContextAutoscaled") and scaling is None:
+        # Autoscaling written with v1alpha1's defaults (sleep at 0, wake to 1, one request).
+        pool["autoscaling"] = {"minReplicas": 0, "maxReplicas": 1,
+                               "targets": {"queueLength": 1}}
 
 
 def _engine_up(spec: Json, stash: Json) -> None:
@@ -173,9 +214,10 @@ def _long_context_up(spec: Json, stash: Json) -> None:
 
 def _down(obj: Json) -> Json:
     spec = obj.get("spec")
-    stash = _pop_stash(obj)
+    stash = _pop_stash(obj, STASH_ANNOTATION)
     if not isinstance(spec, dict):
         return obj
+    _put_stash(obj, V1ALPHA2_STASH_ANNOTATION, _v1alpha2_only(spec))
     _engine_down(spec, stash)
     if "idleSeconds" in spec:
         idle = spec.pop("idleSeconds")
@@ -195,13 +237,40 @@ def _down(obj: Json) -> Json:
     return obj
 
 
-def _pop_stash(obj: Json) -> Json:
+def _v1alpha2_only(spec: Json) -> Json:
+    """What v1alpha1 has no field for: vLLM settings added since (layout, rankTensorParallel,
+    kvOffloadGiB...), and a long-context pool's fixed replicas (v1alpha1: its bounds)."""
+    kept: Json = {}
+    engine = spec.get("engine")
+    vllm = engine.get("vllm") if isinstance(engine, dict) else None
+    if isinstance(vllm, dict):
+        extra = {k: v for k, v in vllm.items() if k not in _VLLM_V1ALPHA1_KEYS}
+        if extra:
+            kept["vllm"] = extra
+    pool = spec.get("longContext")
+    if isinstance(pool, dict) and isinstance(pool.get("replicas"), int):
+        kept["longContextReplicas"] = pool["replicas"]
+    elif isinstance(pool, dict) and _default_bounds(pool.get("autoscaling")):
+        kept["longContextAutoscaled"] = True  # v1alpha1 -> v1alpha2 would leave it out
+    return kept
+
+
+def _default_bounds(scaling: object) -> bool:
+    """Autoscaling with v1alpha1's long-context bounds (0, 1, one waiting request)."""
+    if not isinstance(scaling, dict):
+        return False
+    targets = scaling.get("targets")
+    return (scaling.get("minReplicas"), scaling.get("maxReplicas")) == (0, 1) and isinstance(
+        targets, dict) and targets.get("queueLength", 1) == 1
+
+
+def _pop_stash(obj: Json, key: str) -> Json:
     metadata = obj.get("metadata")
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    if not isinstance(annotations, dict) or STASH_ANNOTATION not in annotations:
+    if not isinstance(annotations, dict) or key not in annotations:
         return {}
     try:
-        stash = json.loads(annotations.pop(STASH_ANNOTATION))
+        stash = json.loads(annotations.pop(key))
     except (TypeError, ValueError):
         return {}
     if not isinstance(stash, dict):
