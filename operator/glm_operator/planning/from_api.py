@@ -273,20 +273,22 @@ def _patched(service: GLMService, patch: dict[str, Any]) -> GLMService | None:
         patched = GLMService.model_validate(merge_patch(body, patch), context={ADMITTED: True})
     except ValidationError:
         return None
-    if set(rules.broken(patched.spec)) - _broken_already(service):
+    if _broken(patched) - _broken(service):
         return None
     return patched
 
 
-@functools.lru_cache(maxsize=64)
+# The CEL rules cost about 5 ms each in cel-python's interpreter; a reconcile of an infeasible
+# service asks them of the service and of each alternative, and asks again on every reconcile
+# of the same spec (and of copies of it): remembered by the spec's JSON.
+@functools.lru_cache(maxsize=2048)
 def _broken_rules_of(spec_json: str) -> frozenset[str]:
     return frozenset(rules.broken(GLMServiceSpec.model_validate_json(
         spec_json, context={ADMITTED: True})))
 
 
-def _broken_already(service: GLMService) -> frozenset[str]:
-    """The rules the unpatched service breaks (an object admitted before a rule existed),
-    computed once for all of its alternatives."""
+def _broken(service: GLMService) -> frozenset[str]:
+    """The CEL rules `service` breaks (api/rules.py), remembered by its spec."""
     return _broken_rules_of(service.spec.model_dump_json(by_alias=True, exclude_none=True))
 
 
