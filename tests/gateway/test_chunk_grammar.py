@@ -18,15 +18,8 @@ case.
 
 from __future__ import annotations
 
-import base64
-import json
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import httptools
 import pytest
@@ -39,15 +32,10 @@ from glm_operator.gateway.wire.framing import (
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-NODE_SCRIPT = Path(__file__).with_name("llhttp_verdict.js")
+from .llhttp_node import Verdict, node_verdicts, skip_without_node
+
+NODE_SCRIPT = "llhttp_verdict.js"
 HEAD = b"POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    # "accept", "accept-early" (the body ended before its bytes did), "refuse", "incomplete"
-    kind: str
-    body: bytes = b""
 
 
 def ours(data: bytes, piece: int | None = None) -> Verdict:
@@ -96,39 +84,6 @@ def httptools_verdict(data: bytes) -> Verdict:
     if seen.done:
         return Verdict("accept-early" if seen.after else "accept", bytes(seen.body))
     return Verdict("incomplete")
-
-
-def _without_node(message: str) -> None:
-    """Where CI=true a missing Node fails the test; elsewhere the test goes on with
-    httptools' verdicts alone and is reported skipped at its end, saying why."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    NODE_MISSING.append(message)
-
-
-NODE_MISSING: list[str] = []
-
-
-def node_verdicts(bodies: list[bytes]) -> list[Verdict] | None:
-    """Node's llhttp on each body, in one Node process (llhttp 9 or later: its chunk
-    extensions are strict since 9); None where there is no such Node, outside CI."""
-    node = shutil.which("node")
-    if node is None:
-        _without_node("node is not installed: llhttp's verdicts through Node were not checked")
-        return None
-    done = subprocess.run(
-        [node, str(NODE_SCRIPT)], capture_output=True, check=True, timeout=120,
-        input=json.dumps([base64.b64encode(b).decode() for b in bodies]).encode())
-    answer = json.loads(done.stdout)
-    if int(answer["llhttp"].split(".")[0]) < 9:
-        _without_node(f"Node {answer['node']} parses with llhttp {answer['llhttp']}: "
-                      "the verdicts here are llhttp 9's (Node 20 or later)")
-        return None
-    verdicts = []
-    for verdict in answer["verdicts"]:
-        assert verdict["verdict"] != "none", f"Node gave no verdict ({answer['node']})"
-        verdicts.append(Verdict(verdict["verdict"], base64.b64decode(verdict.get("body", ""))))
-    return verdicts
 
 
 # --- where ours is stricter than llhttp ------------------------------------------------------
@@ -283,7 +238,7 @@ def shown(body: bytes) -> str:
 
 def check(cases: list[bytes]) -> None:
     """Every reader's verdict on every case; one failure lists every disagreement."""
-    theirs = node_verdicts(cases) or [None] * len(cases)
+    theirs = node_verdicts(NODE_SCRIPT, cases) or [None] * len(cases)
     wrong = []
     for body, in_node in zip(cases, theirs, strict=True):
         mine = ours(body)
@@ -301,11 +256,6 @@ def check(cases: list[bytes]) -> None:
             wrong.append(f"ours {mine} != llhttp {in_httptools}: {shown(body)}")
     assert not wrong, "\n".join(wrong[:40]) + f"\n({len(wrong)} in all)"
     skip_without_node()
-
-
-def skip_without_node() -> None:
-    if NODE_MISSING:
-        pytest.skip(NODE_MISSING.pop() + " (httptools' llhttp verdicts were)")
 
 
 def test_the_named_cases() -> None:
@@ -354,5 +304,5 @@ def test_each_case_where_the_rfc_is_stricter_than_llhttp(line: bytes, why: str) 
     assert why_stricter(line) == why
     assert httptools_verdict(body) == Verdict("accept", b"hello")
     assert ours(body).kind == "refuse"
-    assert node_verdicts([body]) in ([Verdict("accept", b"hello")], None)
+    assert node_verdicts(NODE_SCRIPT, [body]) in ([Verdict("accept", b"hello")], None)
     skip_without_node()

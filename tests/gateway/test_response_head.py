@@ -19,13 +19,8 @@ the Node half with a reason.
 
 from __future__ import annotations
 
-import base64
-import json
 import re
-import shutil
-import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import httptools
 import pytest
@@ -38,9 +33,9 @@ from glm_operator.gateway.wire.framing import (
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from .test_chunk_grammar import Verdict, _without_node, skip_without_node
+from .llhttp_node import Verdict, node_verdicts, skip_without_node
 
-NODE_SCRIPT = Path(__file__).with_name("llhttp_head_verdict.js")
+NODE_SCRIPT = "llhttp_head_verdict.js"
 BODY = b"5\r\nhello\r\n0\r\n\r\n"
 REFUSED = Verdict("refuse")
 
@@ -94,23 +89,6 @@ def httptools_verdict(answer: bytes) -> Verdict:
     if seen.done or seen.head:
         return Verdict("accept", bytes(seen.body))
     return Verdict("incomplete")
-
-
-def node_verdicts(answers: list[bytes]) -> list[Verdict] | None:
-    node = shutil.which("node")
-    if node is None:
-        _without_node("node is not installed: llhttp's verdicts through Node were not checked")
-        return None
-    done = subprocess.run(
-        [node, str(NODE_SCRIPT)], capture_output=True, check=True, timeout=120,
-        input=json.dumps([base64.b64encode(a).decode() for a in answers]).encode())
-    answer = json.loads(done.stdout)
-    if int(answer["llhttp"].split(".")[0]) < 9:
-        _without_node(f"Node {answer['node']} parses with llhttp {answer['llhttp']}: "
-                      "the verdicts here are llhttp 9's (Node 20 or later)")
-        return None
-    return [Verdict(v["verdict"], base64.b64decode(v.get("body", "")))
-            for v in answer["verdicts"]]
 
 
 # --- where ours and llhttp differ, on purpose ------------------------------------------------
@@ -248,7 +226,7 @@ def check(cases: list[bytes]) -> None:
     """Every reader's verdict on every case; one failure lists every disagreement. Ours is
     held to Node's and to httptools' each: their llhttp versions differ (Node's 9.3 takes an
     empty Transfer-Encoding as a body to the connection's end, httptools' refuses it)."""
-    theirs = node_verdicts(cases) or [None] * len(cases)
+    theirs = node_verdicts(NODE_SCRIPT, cases) or [None] * len(cases)
     wrong = []
     for answer, in_node in zip(cases, theirs, strict=True):
         mine, in_httptools = ours(answer), httptools_verdict(answer)
