@@ -42,6 +42,17 @@ def glm_crds(kubectl: Kubectl) -> list[str]:
     return names
 
 
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` in a Prometheus text exposition whose labels include
+    `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if (line.startswith((name + "{", name + " "))
+                and all(f'{k}="{v}"' in line for k, v in labels.items())):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 class OperatorProcess:
     def __init__(self, kubectl: Kubectl, namespaces: tuple[str, ...] = ("e2e-*",),
                  extra_args: tuple[str, ...] = (), package: Path | None = None) -> None:
@@ -82,13 +93,7 @@ class OperatorProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels`."""
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(self.metrics(), name, **labels)
 
     def tail(self, lines: int = 80) -> str:
         text = Path(self.log.name).read_text(errors="replace")

@@ -58,7 +58,7 @@ import yaml
 from e2e.conftest import LocalCluster, in_ci
 from e2e.kubectl import Kubectl, KubectlError
 from e2e.netns import NetnsError, VethNamespace
-from e2e.operator_fixtures import REPO, report_fetched
+from e2e.operator_fixtures import REPO, metric_sum, report_fetched
 from e2e.ports import free_port
 from e2e.test_chart import Helm, helm, release_name, service_account_kubeconfig
 from e2e.test_ha import lease_holder, make_namespace
@@ -164,12 +164,7 @@ class Operator:
                 text = response.read().decode()
         except urllib.error.URLError:
             return 0.0  # not listening yet
-        total = 0.0
-        for line in text.splitlines():
-            if (line.startswith((name + "{", name + " "))
-                    and all(f'{k}="{v}"' in line for k, v in labels.items())):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_sum(text, name, **labels)
 
     def tail(self, lines: int = 120) -> str:
         text = Path(self.log.name).read_text(errors="replace")
